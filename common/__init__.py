@@ -1,0 +1,1 @@
+"""Helpers shared by every stage: CLI parsing and errors, atomic files, the corpus reader."""

@@ -1,0 +1,53 @@
+"""What a run ran on: hardware and library versions, recorded in every run summary."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+
+import torch
+
+TRACKED_LIBRARIES = (
+    "torch",
+    "torchvision",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "tokenizers",
+    "lightning",
+    "torchmetrics",
+    "tensorboard",
+)
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries that decide results and speed."""
+    versions = {"python": platform.python_version()}
+    for name in TRACKED_LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def hardware_description() -> dict[str, object]:
+    """CPU count and, when present, the CUDA devices with their memory."""
+    info: dict[str, object] = {
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        info["gpus"] = [
+            {
+                "name": torch.cuda.get_device_name(i),
+                "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+            }
+            for i in range(torch.cuda.device_count())
+        ]
+        info["cuda"] = torch.version.cuda
+    return info
