@@ -1,0 +1,316 @@
+"""Read a text corpus the way users have it: one document at a time, cleaned and de-duplicated.
+
+Accepted inputs (any mix, in the order given):
+- the Web of Science download `WebOfScience.zip` (`WOS46985/X.txt`, ... at the zip root) and
+  Mendeley's "download all" zip that wraps it (read from memory, nothing is extracted);
+- an extracted Web of Science folder at any depth (`data/WebOfScience/WOS46985/X.txt` or
+  `data/WOS46985/X.txt`); `subset` picks which `WOS*` folder is read;
+- plain text files (one document per line), `.jsonl` files (one JSON object per line, the text
+  in `text_field`), and glob patterns of either.
+
+Documents are whitespace-stripped; empty lines are skipped and exact duplicates dropped (the
+two smaller WoS subsets are contained in WOS46985, so reading several would count documents
+twice). A UTF-8 byte-order mark and CRLF line ends are accepted. Invalid UTF-8 is an error
+naming the file and line unless `replace_invalid_utf8` is set.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import logging
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from common.cli import InputError
+
+logger = logging.getLogger(__name__)
+
+WOS_TEXT_FILE = "X.txt"
+# Bump when the reader's output for the same input changes, so fingerprint-keyed caches expire.
+READER_VERSION = 1
+GLOB_CHARS = frozenset("*?[")
+
+
+@dataclass
+class CorpusArguments:
+    """Where the training text comes from and how to read it."""
+
+    corpus: list[str] = field(
+        metadata={
+            "help": "Input paths: WebOfScience.zip (or the 'download all' zip wrapping it), an "
+            "extracted WoS folder at any depth, plain .txt files (one document per line), .jsonl "
+            "files, or glob patterns of these (quote them). Several may be given."
+        }
+    )
+    subset: str = field(
+        default="WOS46985",
+        metadata={
+            "help": "Which Web of Science folder to read from a WoS zip or folder: WOS46985 (all "
+            "abstracts), WOS11967 or WOS5736 (subsets of WOS46985)."
+        },
+    )
+    text_field: str = field(
+        default="text", metadata={"help": "Field holding the document text in .jsonl records."}
+    )
+    replace_invalid_utf8: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace bytes that are not valid UTF-8 with U+FFFD instead of stopping with "
+            "an error naming the file and line."
+        },
+    )
+
+
+@dataclass
+class CorpusStats:
+    """Counts filled in while `iter_documents` runs."""
+
+    num_documents: int = 0
+    num_duplicates: int = 0
+    num_empty_lines: int = 0
+    num_bytes: int = 0  # UTF-8 bytes of the documents yielded (after stripping)
+    sources: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One file to read: a label for messages and a way to open its raw bytes."""
+
+    label: str
+    is_jsonl: bool
+    open_binary: Callable[[], AbstractContextManager[IO[bytes]]]
+
+
+def iter_documents(args: CorpusArguments, stats: CorpusStats | None = None) -> Iterator[str]:
+    """Stripped, non-empty, exact-duplicate-free documents, in a deterministic order.
+
+    The inputs are resolved before this returns, so a missing path or a zip without text fails
+    at the call; decoding errors and an empty corpus fail while iterating. Raises InputError.
+    """
+    sources = resolve_sources(args)
+    stats = stats if stats is not None else CorpusStats()
+    stats.sources = [source.label for source in sources]
+    return _generate_documents(sources, args, stats)
+
+
+def corpus_fingerprint(args: CorpusArguments) -> str:
+    """Hex digest over the resolved input files' bytes and the reading options (for cache keys)."""
+    digest = hashlib.sha256()
+    options = {
+        "reader_version": READER_VERSION,
+        "subset": args.subset,
+        "text_field": args.text_field,
+        "replace_invalid_utf8": args.replace_invalid_utf8,
+    }
+    digest.update(json.dumps(options, sort_keys=True).encode())
+    for source in resolve_sources(args):
+        digest.update(source.label.encode() + b"\0")
+        with source.open_binary() as handle:
+            for chunk in iter(lambda handle=handle: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _generate_documents(
+    sources: list[_Source], args: CorpusArguments, stats: CorpusStats
+) -> Iterator[str]:
+    # 16-byte digests instead of the texts keep memory small on large corpora; collisions at
+    # 128 bits are not a practical concern.
+    seen: set[bytes] = set()
+    for source in sources:
+        logger.info("reading %s", source.label)
+        for text in _iter_source_texts(source, args):
+            text = text.strip()
+            if not text:
+                stats.num_empty_lines += 1
+                continue
+            encoded = text.encode("utf-8")
+            key = hashlib.blake2b(encoded, digest_size=16).digest()
+            if key in seen:
+                stats.num_duplicates += 1
+                continue
+            seen.add(key)
+            stats.num_documents += 1
+            stats.num_bytes += len(encoded)
+            yield text
+    if stats.num_documents == 0:
+        raise InputError(
+            f"the corpus {', '.join(stats.sources)} holds no non-empty documents; "
+            "pass files with one document per line"
+        )
+    logger.info(
+        "read %d documents (%.1f MB), dropped %d exact duplicates and %d empty lines",
+        stats.num_documents,
+        stats.num_bytes / 1e6,
+        stats.num_duplicates,
+        stats.num_empty_lines,
+    )
+
+
+def _iter_source_texts(source: _Source, args: CorpusArguments) -> Iterator[str]:
+    errors = "replace" if args.replace_invalid_utf8 else "strict"
+    with source.open_binary() as handle:
+        # Binary iteration splits on b"\n" only (str.splitlines would also split on form feeds
+        # and U+2028 inside a document); a trailing b"\r" goes with the whitespace strip.
+        for line_number, raw_line in enumerate(handle, start=1):
+            try:
+                line = raw_line.decode("utf-8", errors=errors)
+            except UnicodeDecodeError as err:
+                raise InputError(
+                    f"{source.label} line {line_number}: invalid UTF-8 at byte {err.start} of "
+                    "the line; fix the file or pass --replace_invalid_utf8 to replace bad bytes"
+                ) from None
+            if line_number == 1:
+                line = line.removeprefix("\ufeff")
+            if source.is_jsonl:
+                line = _jsonl_text(line, source.label, line_number, args.text_field)
+            yield line
+
+
+def _jsonl_text(line: str, label: str, line_number: int, text_field: str) -> str:
+    if not line.strip():
+        return ""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{label} line {line_number}: not valid JSON ({err.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+        raise InputError(
+            f"{label} line {line_number}: no string field '{text_field}'; "
+            "pass --text_field with the name of the field that holds the text"
+        )
+    return record[text_field]
+
+
+def resolve_sources(args: CorpusArguments) -> list[_Source]:
+    """Expand globs, folders and zips into the list of files to read, in a fixed order."""
+    if not args.corpus:
+        raise InputError("no corpus given; pass --corpus PATH [PATH ...]")
+    sources: list[_Source] = []
+    for entry in args.corpus:
+        if GLOB_CHARS & set(entry):
+            matches = sorted(glob.glob(entry, recursive=True))
+            if not matches:
+                raise InputError(f"corpus pattern {entry} matches no files")
+            paths = [Path(match) for match in matches]
+        else:
+            paths = [Path(entry)]
+        for path in paths:
+            sources.extend(_sources_for_path(path, args))
+    return sources
+
+
+def _sources_for_path(path: Path, args: CorpusArguments) -> list[_Source]:
+    if not path.exists():
+        raise InputError(f"corpus path {path} does not exist")
+    if path.is_dir():
+        return [_file_source(_find_wos_text_in_folder(path, args.subset))]
+    if zipfile.is_zipfile(path):
+        return [_zip_source(path, args.subset)]
+    return [_file_source(path)]
+
+
+def _file_source(path: Path) -> _Source:
+    return _Source(
+        label=str(path), is_jsonl=path.suffix == ".jsonl", open_binary=lambda: path.open("rb")
+    )
+
+
+def _find_wos_text_in_folder(folder: Path, subset: str) -> Path:
+    candidates = sorted(folder.rglob(WOS_TEXT_FILE))
+    chosen = [path for path in candidates if path.parent.name == subset]
+    if len(chosen) == 1:
+        return chosen[0]
+    if len(chosen) > 1:
+        listing = ", ".join(str(path) for path in chosen)
+        raise InputError(
+            f"folder {folder} holds several {subset}/{WOS_TEXT_FILE} ({listing}); "
+            "pass the one to read"
+        )
+    available = sorted({path.parent.name for path in candidates})
+    if available:
+        raise InputError(
+            f"folder {folder} has no subset {subset}; available: {', '.join(available)} "
+            "(choose one with --subset)"
+        )
+    raise InputError(
+        f"folder {folder} holds no {WOS_TEXT_FILE} (expected the Web of Science layout "
+        f"WOS46985/{WOS_TEXT_FILE}); pass text files or a glob instead"
+    )
+
+
+def _zip_source(path: Path, subset: str) -> _Source:
+    """The subset's X.txt in a WoS zip, looking one zip level deeper for the wrapped download."""
+    with zipfile.ZipFile(path) as archive:
+        found = _find_wos_member(archive, subset, str(path))
+        if found is not None:
+            member = found
+            return _Source(
+                label=f"{path}!{member}",
+                is_jsonl=False,
+                open_binary=lambda: _open_member(path, member),
+            )
+        inner_zips = sorted(
+            name
+            for name in archive.namelist()
+            if name.lower().endswith(".zip") and not name.startswith("__MACOSX/")
+        )
+        for inner_name in inner_zips:
+            with zipfile.ZipFile(io.BytesIO(archive.read(inner_name))) as inner:
+                member = _find_wos_member(inner, subset, f"{path}!{inner_name}")
+            if member is not None:
+                return _Source(
+                    label=f"{path}!{inner_name}!{member}",
+                    is_jsonl=False,
+                    open_binary=lambda inner_name=inner_name, member=member: _open_nested_member(
+                        path, inner_name, member
+                    ),
+                )
+    raise InputError(
+        f"zip {path} holds no {WOS_TEXT_FILE} (expected WebOfScience.zip with "
+        f"WOS46985/{WOS_TEXT_FILE}, or the download that wraps it)"
+    )
+
+
+def _find_wos_member(archive: zipfile.ZipFile, subset: str, label: str) -> str | None:
+    """Name of `<subset>/X.txt` in the archive (at any depth), None if it has no X.txt at all."""
+    candidates = sorted(
+        name
+        for name in archive.namelist()
+        if name.rsplit("/", 1)[-1] == WOS_TEXT_FILE and not name.startswith("__MACOSX/")
+    )
+    if not candidates:
+        return None
+    chosen = [name for name in candidates if name.split("/")[-2:-1] == [subset]]
+    if len(chosen) == 1:
+        return chosen[0]
+    if len(chosen) > 1:
+        raise InputError(f"zip {label} holds several {subset}/{WOS_TEXT_FILE}: {', '.join(chosen)}")
+    available = sorted({name.split("/")[-2] for name in candidates if "/" in name})
+    raise InputError(
+        f"zip {label} has no subset {subset}; available: {', '.join(available)} "
+        "(choose one with --subset)"
+    )
+
+
+@contextmanager
+def _open_member(path: Path, member: str) -> Iterator[IO[bytes]]:
+    with zipfile.ZipFile(path) as archive, archive.open(member) as handle:
+        yield handle
+
+
+@contextmanager
+def _open_nested_member(path: Path, inner_name: str, member: str) -> Iterator[IO[bytes]]:
+    # The inner zip is read into memory: a zip needs random access to its central directory,
+    # and the real download is only 60 MB.
+    with zipfile.ZipFile(path) as outer:
+        inner_bytes = outer.read(inner_name)
+    with zipfile.ZipFile(io.BytesIO(inner_bytes)) as inner, inner.open(member) as handle:
+        yield handle

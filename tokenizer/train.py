@@ -1,0 +1,194 @@
+"""`train-tokenizer`: learn a byte-level BPE vocabulary from a corpus, save it for transformers.
+
+    train-tokenizer --corpus data/WebOfScience.zip --output_dir runs/tokenizer
+
+The output folder loads with `AutoTokenizer.from_pretrained(output_dir)` (offline) and holds
+`stats.json`: corpus counts, training time, and bytes per token / tokens per word measured on
+held-out documents (every `heldout_every`-th document is left out of training).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.cli import InputError, entry_point, parse_args
+from common.corpus import CorpusArguments, CorpusStats, iter_documents
+from common.files import atomic_dir, write_json_atomic
+from common.system import hardware_description, library_versions
+from tokenizer.bpe import MIN_VOCAB_SIZE, measure_compression, train_bpe, wrap_for_transformers
+
+logger = logging.getLogger(__name__)
+
+STATS_FILE = "stats.json"
+
+
+@dataclass
+class TokenizerArguments:
+    """What to learn and where to save it."""
+
+    output_dir: str = field(
+        metadata={"help": "Folder to create for the tokenizer (refused if it exists: --overwrite)."}
+    )
+    vocab_size: int = field(
+        default=32768,
+        metadata={
+            "help": f"Vocabulary size including the 256 bytes and 2 special tokens (at least "
+            f"{MIN_VOCAB_SIZE}). A multiple of 128 keeps the model's embedding matmuls efficient."
+        },
+    )
+    min_frequency: int = field(
+        default=2, metadata={"help": "A pair must occur this often in the corpus to be merged."}
+    )
+    heldout_every: int = field(
+        default=100,
+        metadata={
+            "help": "Leave every N-th document out of training and measure bytes per token and "
+            "tokens per word on those (0: use no held-out documents)."
+        },
+    )
+    batch_size: int = field(
+        default=1000,
+        metadata={"help": "Documents handed to the tokenizers library per batch."},
+    )
+    model_max_length: int = field(
+        default=1024, metadata={"help": "Context length recorded in the saved tokenizer."}
+    )
+    overwrite: bool = field(
+        default=False, metadata={"help": "Replace output_dir if it already exists."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < MIN_VOCAB_SIZE:
+            raise InputError(
+                f"--vocab_size {self.vocab_size} is below the byte alphabet plus special tokens; "
+                f"pass at least {MIN_VOCAB_SIZE}"
+            )
+        if self.heldout_every < 0 or self.heldout_every == 1:
+            raise InputError(
+                f"--heldout_every {self.heldout_every} would hold out everything or nothing "
+                "sensible; pass 0 (none) or a number >= 2"
+            )
+        if self.batch_size < 1 or self.min_frequency < 0 or self.model_max_length < 1:
+            raise InputError(
+                "--batch_size and --model_max_length must be >= 1 and --min_frequency >= 0"
+            )
+
+
+def is_heldout(index: int, heldout_every: int) -> bool:
+    """Whether the document at `index` is kept out of training (a fixed, spread-out slice)."""
+    return heldout_every > 0 and index % heldout_every == heldout_every - 1
+
+
+def train_tokenizer(
+    corpus_args: CorpusArguments, tokenizer_args: TokenizerArguments, show_progress: bool = True
+) -> dict[str, Any]:
+    """Train on the corpus and save the tokenizer folder; return what went into stats.json.
+
+    The folder appears only when everything succeeded (an existing one is refused up front).
+    """
+    with atomic_dir(tokenizer_args.output_dir, overwrite=tokenizer_args.overwrite) as tmp_dir:
+        stats = _train_into(tmp_dir, corpus_args, tokenizer_args, show_progress)
+    logger.info(
+        "vocabulary of %d tokens in %.1f s (%.2f MB/s); held-out bytes per token %s",
+        stats["vocab_size"],
+        stats["training_seconds"],
+        stats["training_mb_per_second"],
+        "n/a" if stats["heldout"] is None else f"{stats['heldout']['bytes_per_token']:.2f}",
+    )
+    return stats
+
+
+def _train_into(
+    folder: Path,
+    corpus_args: CorpusArguments,
+    tokenizer_args: TokenizerArguments,
+    show_progress: bool,
+) -> dict[str, Any]:
+
+    # A first pass checks every line before any training time is spent and sizes the progress bar.
+    started = time.perf_counter()
+    corpus_stats = CorpusStats()
+    num_documents = sum(1 for _ in iter_documents(corpus_args, corpus_stats))
+    reading_seconds = time.perf_counter() - started
+    num_heldout = sum(is_heldout(i, tokenizer_args.heldout_every) for i in range(num_documents))
+    logger.info(
+        "training on %d documents (%d held out), vocabulary %d",
+        num_documents - num_heldout,
+        num_heldout,
+        tokenizer_args.vocab_size,
+    )
+
+    heldout: list[str] = []
+    training_stats = {"num_documents": 0, "num_bytes": 0}
+
+    def training_documents() -> Iterator[str]:
+        for index, document in enumerate(iter_documents(corpus_args)):
+            if is_heldout(index, tokenizer_args.heldout_every):
+                heldout.append(document)
+                continue
+            training_stats["num_documents"] += 1
+            training_stats["num_bytes"] += len(document.encode("utf-8"))
+            yield document
+
+    started = time.perf_counter()
+    tokenizer = train_bpe(
+        training_documents(),
+        vocab_size=tokenizer_args.vocab_size,
+        num_documents=num_documents - num_heldout,
+        min_frequency=tokenizer_args.min_frequency,
+        batch_size=tokenizer_args.batch_size,
+        show_progress=show_progress,
+    )
+    training_seconds = time.perf_counter() - started
+
+    compression = measure_compression(tokenizer, heldout)
+    if compression is None:
+        logger.warning("no held-out documents: bytes per token and tokens per word not measured")
+    stats = {
+        "num_documents": corpus_stats.num_documents,
+        "num_duplicates": corpus_stats.num_duplicates,
+        "num_empty_lines": corpus_stats.num_empty_lines,
+        "num_bytes": corpus_stats.num_bytes,
+        "sources": corpus_stats.sources,
+        "num_training_documents": training_stats["num_documents"],
+        "num_training_bytes": training_stats["num_bytes"],
+        "reading_seconds": round(reading_seconds, 3),
+        "training_seconds": round(training_seconds, 3),
+        "training_mb_per_second": round(training_stats["num_bytes"] / 1e6 / training_seconds, 3),
+        "vocab_size": tokenizer.get_vocab_size(),
+        "requested_vocab_size": tokenizer_args.vocab_size,
+        "heldout": None if compression is None else dataclasses.asdict(compression),
+        "config": {
+            "corpus": dataclasses.asdict(corpus_args),
+            "tokenizer": dataclasses.asdict(tokenizer_args),
+        },
+        "versions": library_versions(),
+        "hardware": hardware_description(),
+    }
+    wrap_for_transformers(tokenizer, tokenizer_args.model_max_length).save_pretrained(folder)
+    write_json_atomic(folder / STATS_FILE, stats)
+    return stats
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    corpus_args, tokenizer_args = parse_args(
+        [CorpusArguments, TokenizerArguments],
+        argv,
+        description="Train a GPT-2 style byte-level BPE tokenizer on a text corpus (Web of "
+        "Science zip or folder, .txt, .jsonl) and save it as a transformers tokenizer folder.",
+        prog="train-tokenizer",
+    )
+    train_tokenizer(corpus_args, tokenizer_args)
+    print(tokenizer_args.output_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
