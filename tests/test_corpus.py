@@ -1,0 +1,154 @@
+"""The corpus reader: every input form gives the same clean documents; bad input fails clearly."""
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from common.cli import InputError
+from common.corpus import CorpusArguments, CorpusStats, corpus_fingerprint, iter_documents
+
+
+def read_all(*paths, **options) -> list[str]:
+    return list(iter_documents(CorpusArguments(corpus=[str(p) for p in paths], **options)))
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def zip_folder(folder: Path, zip_path: Path, prefix: str = "") -> Path:
+    """Zip like the real download: WOS*/X.txt (and other files) at the root, optional prefix."""
+    with zipfile.ZipFile(zip_path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                archive.write(path, prefix + path.relative_to(folder).as_posix())
+        archive.writestr(prefix + "Meta-data/Data.xlsx", b"not a real spreadsheet")
+    return zip_path
+
+
+@pytest.fixture(scope="module")
+def wos_documents(wos_corpus_dir) -> list[str]:
+    return (wos_corpus_dir / "WOS46985" / "X.txt").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(scope="module")
+def wos_zip(wos_corpus_dir, tmp_path_factory) -> Path:
+    return zip_folder(wos_corpus_dir, tmp_path_factory.mktemp("zip") / "WebOfScience.zip")
+
+
+def test_every_input_form_gives_the_same_documents(
+    wos_corpus_dir, wos_zip, wos_documents, tmp_path
+):
+    # Mendeley's "download all" archive wraps WebOfScience.zip in another zip.
+    outer_zip = tmp_path / "9rw3vkcfy4-6.zip"
+    with zipfile.ZipFile(outer_zip, "w") as archive:
+        archive.write(wos_zip, "WebOfScience.zip")
+    # Extracted one level deeper than the fixture, as `unzip -d data` would leave it.
+    nested_folder = tmp_path / "data"
+    shutil.copytree(wos_corpus_dir, nested_folder / "WebOfScience")
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text(
+        "".join(json.dumps({"id": i, "text": doc}) + "\n" for i, doc in enumerate(wos_documents)),
+        encoding="utf-8",
+    )
+
+    expected = [doc.strip() for doc in wos_documents]
+    assert len(expected) == 400
+    assert read_all(wos_corpus_dir) == expected
+    assert read_all(wos_zip) == expected
+    assert read_all(outer_zip) == expected
+    assert read_all(nested_folder) == expected
+    assert read_all(wos_corpus_dir / "WOS46985" / "X.txt") == expected
+    assert read_all(jsonl) == expected
+
+
+def test_subset_choice_and_unknown_subset(wos_corpus_dir, wos_zip, wos_documents):
+    small = read_all(wos_corpus_dir, subset="WOS5736")
+    assert 0 < len(small) < len(wos_documents)
+    assert small == wos_documents[: len(small)]
+    assert read_all(wos_zip, subset="WOS11967") == read_all(wos_corpus_dir, subset="WOS11967")
+    for path in (wos_corpus_dir, wos_zip):
+        with pytest.raises(InputError, match="available: WOS11967, WOS46985, WOS5736"):
+            iter_documents(CorpusArguments(corpus=[str(path)], subset="WOS999"))
+
+
+def test_strip_skip_empty_and_drop_duplicates(tmp_path):
+    text = b"  first doc \n\n\t\nsecond\nfirst doc\n  second  \nthird"
+    path = write_bytes(tmp_path / "a.txt", text)
+    stats = CorpusStats()
+    documents = list(iter_documents(CorpusArguments(corpus=[str(path)]), stats))
+    assert documents == ["first doc", "second", "third"]
+    assert (stats.num_documents, stats.num_duplicates, stats.num_empty_lines) == (3, 2, 2)
+    assert stats.num_bytes == len("first docsecondthird")
+    assert stats.sources == [str(path)]
+
+
+def test_duplicates_across_files_are_dropped_and_order_follows_the_arguments(tmp_path):
+    first = write_bytes(tmp_path / "b.txt", b"shared\nonly in b\n")
+    second = write_bytes(tmp_path / "a.txt", b"only in a\nshared\n")
+    assert read_all(first, second) == ["shared", "only in b", "only in a"]
+    # A glob is expanded in sorted order.
+    assert read_all(tmp_path / "*.txt") == ["only in a", "shared", "only in b"]
+
+
+def test_bom_and_crlf(tmp_path):
+    path = write_bytes(tmp_path / "windows.txt", b"\xef\xbb\xbfcaf\xc3\xa9 one\r\ntwo\r\n\r\n")
+    assert read_all(path) == ["café one", "two"]
+
+
+def test_only_newlines_separate_documents(tmp_path):
+    # Form feeds and Unicode line separators inside a line stay inside the document.
+    path = write_bytes(tmp_path / "a.txt", "one\x0cstill one\u2028same\ntwo\n".encode())
+    assert read_all(path) == ["one\x0cstill one\u2028same", "two"]
+
+
+def test_invalid_utf8_names_file_and_line_unless_replaced(tmp_path):
+    path = write_bytes(tmp_path / "bad.txt", b"good line\nsecond\nbad \xff byte\n")
+    with pytest.raises(InputError, match=r"bad\.txt line 3: invalid UTF-8.*--replace_invalid_utf8"):
+        read_all(path)
+    assert read_all(path, replace_invalid_utf8=True) == ["good line", "second", "bad \ufffd byte"]
+
+
+def test_jsonl_text_field_and_errors(tmp_path):
+    path = write_bytes(tmp_path / "a.jsonl", b'{"body": "x y"}\n\n{"body": "z"}\n')
+    assert read_all(path, text_field="body") == ["x y", "z"]
+    with pytest.raises(InputError, match=r"a\.jsonl line 1: no string field 'text'"):
+        read_all(path)
+    broken = write_bytes(tmp_path / "broken.jsonl", b'{"text": "ok"}\n{"text": \n')
+    with pytest.raises(InputError, match=r"broken\.jsonl line 2: not valid JSON"):
+        read_all(broken)
+
+
+def test_bad_inputs_raise_input_error(tmp_path):
+    no_text_zip = tmp_path / "other.zip"
+    with zipfile.ZipFile(no_text_zip, "w") as archive:
+        archive.writestr("WOS46985/Y.txt", "1\n")
+    write_bytes(tmp_path / "empty_folder" / "readme.md", b"nothing here")
+    blank = write_bytes(tmp_path / "blank.txt", b"\n   \n\r\n")
+    cases = [
+        (tmp_path / "missing.txt", "does not exist"),
+        (no_text_zip, "holds no X.txt"),
+        (tmp_path / "empty_folder", "holds no X.txt"),
+        (tmp_path / "*.nothing", "matches no files"),
+    ]
+    for path, message in cases:
+        with pytest.raises(InputError, match=message):
+            iter_documents(CorpusArguments(corpus=[str(path)]))
+    with pytest.raises(InputError, match="holds no non-empty documents"):
+        read_all(blank)
+
+
+def test_fingerprint_tracks_content_and_options(tmp_path):
+    path = write_bytes(tmp_path / "a.txt", b"one\ntwo\n")
+    args = CorpusArguments(corpus=[str(path)])
+    first = corpus_fingerprint(args)
+    assert corpus_fingerprint(CorpusArguments(corpus=[str(path)])) == first
+    replacing = CorpusArguments(corpus=[str(path)], replace_invalid_utf8=True)
+    assert corpus_fingerprint(replacing) != first
+    path.write_bytes(b"one\nthree\n")
+    assert corpus_fingerprint(args) != first
