@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import sys
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -70,7 +73,8 @@ def train_bpe(
         show_progress=show_progress,
     )
     # `length` counts documents, not batches: tokenizers flattens the batches it is given.
-    tokenizer.train_from_iterator(batched(documents, batch_size), trainer, length=num_documents)
+    with _stdout_to_stderr():
+        tokenizer.train_from_iterator(batched(documents, batch_size), trainer, length=num_documents)
     if tokenizer.get_vocab_size() < vocab_size:
         logger.warning(
             "the corpus supports only %d of the %d requested tokens (no pair left to merge "
@@ -80,6 +84,23 @@ def train_bpe(
             min_frequency,
         )
     return tokenizer
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr for a while.
+
+    The tokenizers trainer draws its progress bars on stderr but prints a newline on stdout
+    after each stage, which would pollute a command whose stdout is its result.
+    """
+    sys.stdout.flush()
+    saved_stdout = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved_stdout, 1)
+        os.close(saved_stdout)
 
 
 def wrap_for_transformers(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
