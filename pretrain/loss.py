@@ -1,0 +1,152 @@
+"""Causal-LM loss that never holds the full logits: chunked linear cross-entropy.
+
+Hugging Face's `ForCausalLMLoss` projects every position onto the vocabulary and upcasts the
+logits to fp32 before the cross-entropy: at 32 x 1024 tokens and a 50k vocabulary that is
+6.6 GB of fp32 logits plus their gradient, on top of the bf16 copy. Here the head is applied
+to a few thousand rows at a time; each chunk's logits live only while its loss and its
+gradients (with respect to the hidden states and the head weight) are computed, and the
+gradients are kept from the forward pass instead of the logits, so backward does no extra
+matrix product. The value equals `ForCausalLMLoss(lm_head(hidden), labels)`: same shift,
+same `ignore_index`, same mean (or sum over `num_items_in_batch`, which Trainer passes so
+that gradient accumulation averages over tokens, not micro-batches).
+
+`use_chunked_loss(model)` makes a causal LM compute its training loss this way: calls with
+`labels` skip the full head and return `logits=None`; calls without labels (generation,
+`pretrain.generate`) are the model's own forward.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import CausalLMOutput
+
+IGNORE_INDEX = -100
+# Rows (token positions) per chunk: 4096 rows x 50k vocabulary = 0.8 GB of fp32 logits at a
+# time, small next to the activations, yet a large enough matrix product to run at full speed.
+DEFAULT_CHUNK_SIZE = 4096
+LOSS_IMPLEMENTATIONS = ("hf", "chunked")
+
+
+class _LinearCrossEntropySum(torch.autograd.Function):
+    """sum_i CE(hidden_i @ weight^T, target_i) over rows whose target is not ignored.
+
+    Gradients are computed chunk by chunk in forward (softmax - one_hot, pushed through the
+    head) and only scaled by the incoming gradient in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_size, compute_dtype, compute_grads):
+        # hidden: (N, H), weight: (V, H), targets: (N,)
+        num_rows = hidden.shape[0]
+        weight_c = weight.to(compute_dtype)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if compute_grads else None
+        # fp32 so that summing over chunks does not lose the low bits of a bf16 sum.
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if compute_grads else None
+        for start in range(0, num_rows, chunk_size):
+            rows = slice(start, start + chunk_size)
+            hidden_c = hidden[rows].to(compute_dtype)  # (C, H)
+            target = targets[rows]  # (C,)
+            valid = target != IGNORE_INDEX
+            safe_target = target.masked_fill(~valid, 0)
+            logits = (hidden_c @ weight_c.T).float()  # (C, V), this chunk only
+            log_normalizer = torch.logsumexp(logits, dim=-1)  # (C,)
+            target_logit = logits.gather(1, safe_target[:, None]).squeeze(1)
+            total += ((log_normalizer - target_logit) * valid).sum()
+            if compute_grads:
+                # d CE / d logits = softmax(logits) - one_hot(target); zero on ignored rows.
+                grad_logits = logits.sub_(log_normalizer[:, None]).exp_()  # in place: (C, V)
+                grad_logits[torch.arange(len(target), device=target.device), safe_target] -= 1.0
+                grad_logits.mul_(valid[:, None])
+                grad_logits_c = grad_logits.to(compute_dtype)
+                grad_hidden[rows] = grad_logits_c @ weight_c
+                grad_weight += (grad_logits_c.T @ hidden_c).float()
+        if compute_grads:
+            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_total):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_total, grad_weight * grad_total, None, None, None, None
+
+
+def chunked_causal_lm_loss(
+    hidden_states: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> torch.Tensor:
+    """`ForCausalLMLoss(hidden_states @ lm_head_weight.T, labels)` without the full logits.
+
+    hidden_states: (B, T, H) after the final layer norm; labels: (B, T), unshifted (labels =
+    input_ids), -100 where ignored. The product runs in the autocast dtype when autocast is
+    on (as `lm_head` would), the softmax always in fp32.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    # Position t predicts label t + 1; the last position predicts nothing (as HF pads it).
+    shift_labels = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (B*T, H)
+    targets = shift_labels.reshape(-1).to(hidden.device)
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        compute_dtype = torch.get_autocast_dtype(device_type)
+    else:
+        compute_dtype = hidden.dtype
+    compute_grads = torch.is_grad_enabled() and (
+        hidden.requires_grad or lm_head_weight.requires_grad
+    )
+    total = _LinearCrossEntropySum.apply(
+        hidden, lm_head_weight, targets, chunk_size, compute_dtype, compute_grads
+    )
+    if num_items_in_batch is None:
+        return total / (targets != IGNORE_INDEX).sum()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def use_chunked_loss(model: nn.Module, chunk_size: int = DEFAULT_CHUNK_SIZE) -> nn.Module:
+    """Make `model` (a causal LM with `base_model` and a bias-free output embedding) compute
+    its loss with `chunked_causal_lm_loss` whenever it is called with `labels`.
+
+    The forward is replaced on this instance only (as transformers' Liger integration does),
+    so Trainer, accelerate's autocast wrapper, DDP and `save_pretrained` see the usual model.
+    Call it before the model is handed to Trainer or accelerate.
+    """
+    head = model.get_output_embeddings()
+    if head is None or getattr(head, "bias", None) is not None:
+        raise ValueError(
+            f"{type(model).__name__} has no bias-free output embedding; "
+            "use loss_implementation 'hf' for it"
+        )
+    model._loss_chunk_size = chunk_size
+    model.forward = types.MethodType(_forward_with_chunked_loss, model)
+    return model
+
+
+def _forward_with_chunked_loss(
+    self,
+    input_ids: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    **kwargs,
+):
+    if labels is None:
+        return type(self).forward(self, input_ids=input_ids, **kwargs)
+    kwargs["use_cache"] = False
+    body_outputs = self.base_model(input_ids, **kwargs)
+    loss = chunked_causal_lm_loss(
+        body_outputs.last_hidden_state,
+        self.get_output_embeddings().weight,
+        labels,
+        num_items_in_batch=num_items_in_batch,
+        chunk_size=self._loss_chunk_size,
+    )
+    return CausalLMOutput(loss=loss, logits=None)
