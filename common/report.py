@@ -1,0 +1,461 @@
+"""The run report: figures and a Markdown summary from one or more run folders.
+
+    python -m common.report RUN_DIR [RUN_DIR ...] --out report/ [--tensorboard-screenshot]
+
+Works for GPT pretraining runs (`run_summary.json`) and LeNet-5 runs (`metrics.json`), and for
+a mix of both; runs of the same kind are overlaid in one set of figures (legend = run folder).
+Unfinished or older runs are reported with what they hold and a note of what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import HfArgumentParser
+
+from common.cli import InputError, entry_point
+from common.files import atomic_dir
+from common.report_plots import Curve, Panel, plot_confusion_matrix, plot_images, plot_panels
+from common.run_folder import (
+    GPT_KIND,
+    MNIST_KIND,
+    UNKNOWN_KIND,
+    RunRecord,
+    file_stem,
+    load_run,
+    unique_run_names,
+)
+from common.tensorboard_screenshot import ScreenshotError, find_chromium, screenshot_tensorboard
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILE = "report.md"
+SCREENSHOT_FILE = "tensorboard_scalars.png"
+DEFAULT_LOSS_THRESHOLD = 7.0
+SIGNIFICANT_DIGITS = 4
+MISSING = "n/a"
+
+
+@dataclass
+class ReportArguments:
+    out: str = field(
+        default="report", metadata={"help": "Folder to write report.md and figures to."}
+    )
+    overwrite: bool = field(default=False, metadata={"help": "Replace --out if it already exists."})
+    tensorboard_screenshot: bool = field(
+        default=False,
+        metadata={
+            "help": "Also start TensorBoard on localhost for the runs and save a PNG of its "
+            "scalars page taken with headless Chromium."
+        },
+    )
+    chromium: str | None = field(
+        default=None,
+        metadata={"help": "Chromium executable for the screenshot (default: found on PATH)."},
+    )
+
+
+# ---------------------------------------------------------------- number formatting
+
+
+def format_number(value: float | int) -> str:
+    """Integers in full; floats to 4 significant digits without trailing zeros or exponent."""
+    if isinstance(value, int):
+        return f"{value:,}"
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    decimals = max(0, SIGNIFICANT_DIGITS - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def format_value(value: Any) -> str:
+    """A summary value as one Markdown table cell."""
+    if value is None:
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float):
+        return format_number(value)
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def format_pass_fail(value: Any) -> str:
+    if isinstance(value, bool):
+        return "pass" if value else "fail"
+    return format_value(value)
+
+
+def format_hardware(hardware: Any) -> str:
+    """One line: the GPUs when there were any, else the CPU."""
+    if not isinstance(hardware, dict):
+        return format_value(hardware)
+    gpus = hardware.get("gpus")
+    if isinstance(gpus, list) and gpus:
+        names = [f"{g.get('name', '?')} ({g.get('memory_gib', '?')} GiB)" for g in gpus]
+        return format_value(", ".join(names))
+    cores = hardware.get("cpu_count")
+    return format_value(f"CPU {hardware.get('cpu', '?')}, {cores} cores")
+
+
+@dataclass(frozen=True)
+class Row:
+    """A table row: a label and the summary key it shows."""
+
+    label: str
+    key: str
+    formatter: Callable[[Any], str] = format_value
+
+
+GPT_ROWS = (
+    Row("wall time, launch to end (s)", "wall_seconds"),
+    Row("training loop (s)", "train_loop_seconds"),
+    Row("tokens trained", "tokens_trained"),
+    Row("tokens/s", "tokens_per_second"),
+    Row("MFU (fraction of peak)", "mfu"),
+    Row("final loss (mean of the last logged steps)", "final_loss"),
+    Row("logged steps in the final loss", "final_loss_window"),
+    Row("loss threshold", "loss_threshold"),
+    Row("final loss below the threshold", "loss_below_threshold", format_pass_fail),
+    Row("validation loss", "eval_loss"),
+    Row("validation perplexity", "perplexity"),
+    Row("optimizer steps", "max_steps"),
+    Row("tokens per optimizer step", "global_batch_tokens"),
+    Row("parameters", "num_parameters"),
+    Row("hardware", "hardware", format_hardware),
+)
+
+MNIST_ROWS = (
+    Row("trainer", "trainer"),
+    Row("test accuracy (fraction)", "test_accuracy"),
+    Row("test loss", "test_loss"),
+    Row("epochs", "epochs"),
+    Row("training time (s)", "train_seconds"),
+    Row("training digits", "num_train"),
+    Row("validation digits", "num_val"),
+    Row("test digits", "num_test"),
+    Row("data", "data_source"),
+    Row("device", "device"),
+    Row("hardware", "hardware", format_hardware),
+)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def summary_table(runs: Sequence[RunRecord], rows: Sequence[Row]) -> list[str]:
+    """One column per run, one row per summary value."""
+    body = [
+        [row.label]
+        + [
+            row.formatter(run.summary[row.key]) if row.key in run.summary else MISSING
+            for run in runs
+        ]
+        for row in rows
+    ]
+    return markdown_table(["", *(f"`{run.name}`" for run in runs)], body)
+
+
+def mapping_table(runs: Sequence[RunRecord], key: str, label_prefix: str = "") -> list[str]:
+    """Rows for every entry of a dict-valued summary key (union over runs); [] when none has it."""
+    mappings = [
+        run.summary.get(key) if isinstance(run.summary.get(key), dict) else {} for run in runs
+    ]
+    names = list(dict.fromkeys(name for mapping in mappings for name in mapping))
+    if not names:
+        return []
+    body = [
+        [f"{label_prefix}{name}"]
+        + [format_value(mapping[name]) if name in mapping else MISSING for mapping in mappings]
+        for name in names
+    ]
+    return markdown_table(["", *(f"`{run.name}`" for run in runs)], body)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def gpt_figures(runs: Sequence[RunRecord]) -> list[tuple[str, str, tuple[Panel, ...]]]:
+    """(file, caption, panels) of the pretraining figures."""
+    threshold = next(
+        (
+            r.summary["loss_threshold"]
+            for r in runs
+            if isinstance(r.summary.get("loss_threshold"), int | float)
+        ),
+        DEFAULT_LOSS_THRESHOLD,
+    )
+    return [
+        (
+            "gpt_loss.png",
+            "Training loss (faint: per logged step; solid: smoothed) and validation loss",
+            (
+                Panel(
+                    "training loss",
+                    "cross-entropy (nats/token)",
+                    (
+                        Curve("train/loss", smoothed=True),
+                        Curve("eval/loss", "validation", style="--", markers=True),
+                    ),
+                    hline=threshold,
+                    hline_label=f"loss = {threshold:g}",
+                ),
+            ),
+        ),
+        (
+            "gpt_learning_rate.png",
+            "Learning rate schedule and gradient norm",
+            (
+                Panel("learning rate", "learning rate", (Curve("train/learning_rate"),)),
+                Panel(
+                    "gradient norm", "global L2 norm", (Curve("train/grad_norm", smoothed=True),)
+                ),
+            ),
+        ),
+        (
+            "gpt_throughput.png",
+            "Throughput: tokens per second and model FLOPs utilisation",
+            (
+                Panel("tokens/s", "tokens per second", (Curve("perf/tokens_per_second"),)),
+                Panel("MFU", "fraction of peak FLOP/s", (Curve("perf/mfu"),)),
+            ),
+        ),
+        ("gpt_gpu.png", "GPU utilisation, memory and power (NVML)", GPU_PANELS),
+    ]
+
+
+GPU_PANELS = (
+    Panel("GPU utilisation", "%", (Curve("gpu/utilization_percent"),), time_axis=True),
+    Panel("GPU memory in use", "GiB", (Curve("gpu/memory_used_gib"),), time_axis=True),
+    Panel("GPU power", "W", (Curve("gpu/power_watts"),), time_axis=True),
+)
+
+MNIST_FIGURES = [
+    (
+        "mnist_loss.png",
+        "LeNet-5 loss: per step while training, and per epoch on training and validation sets",
+        (
+            Panel("loss per step", "cross-entropy", (Curve("train/loss", smoothed=True),)),
+            Panel(
+                "loss per epoch",
+                "cross-entropy",
+                (
+                    Curve("epoch/train_loss", "train", markers=True),
+                    Curve("val/loss", "validation", style="--", markers=True),
+                ),
+            ),
+        ),
+    ),
+    (
+        "mnist_accuracy.png",
+        "LeNet-5 accuracy: per step while training, and per epoch on training and validation sets",
+        (
+            Panel("accuracy per step", "accuracy", (Curve("train/acc", smoothed=True),)),
+            Panel(
+                "accuracy per epoch",
+                "accuracy",
+                (
+                    Curve("epoch/train_acc", "train", markers=True),
+                    Curve("val/acc", "validation", style="--", markers=True),
+                ),
+            ),
+        ),
+    ),
+    (
+        "mnist_learning_rate.png",
+        "Learning rate",
+        (Panel("learning rate", "learning rate", (Curve("train/learning_rate"),)),),
+    ),
+    ("mnist_gpu.png", "GPU utilisation, memory and power (NVML)", GPU_PANELS),
+]
+
+FEATURE_MAP_TAGS = ("feature_maps/conv1", "feature_maps/conv2")
+
+
+def figure_lines(path: Path, caption: str) -> list[str]:
+    return [f"![{caption}]({path.name})", "", f"*{caption}*", ""]
+
+
+def curve_section(
+    runs: Sequence[RunRecord], figures: Sequence[tuple[str, str, tuple[Panel, ...]]], out_dir: Path
+) -> list[str]:
+    lines: list[str] = []
+    for file_name, caption, panels in figures:
+        path = out_dir / file_name
+        if plot_panels(runs, panels, path):
+            lines += figure_lines(path, caption)
+    return lines
+
+
+# ---------------------------------------------------------------- sections
+
+
+def notes_section(runs: Sequence[RunRecord], extra_notes: Sequence[str]) -> list[str]:
+    items = [f"- `{run.name}`: {note}" for run in runs for note in run.notes]
+    items += [f"- {note}" for note in extra_notes]
+    return ["## Notes", "", *items, ""] if items else []
+
+
+def nvidia_smi_lines(runs: Sequence[RunRecord]) -> list[str]:
+    lines: list[str] = []
+    for run in runs:
+        if run.nvidia_smi:
+            lines += [
+                f"### nvidia-smi during `{run.name}`",
+                "",
+                "```text",
+                run.nvidia_smi.rstrip(),
+                "```",
+                "",
+            ]
+    return lines
+
+
+def gpt_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
+    lines = ["## GPT-2 pretraining", "", "### Results", "", *summary_table(runs, GPT_ROWS), ""]
+    speed = mapping_table(runs, "speed_settings")
+    if speed:
+        lines += ["### Speed settings in force", "", *speed, ""]
+    lines += ["### Curves", "", *curve_section(runs, gpt_figures(runs), out_dir)]
+    versions = mapping_table(runs, "versions")
+    if versions:
+        lines += ["### Library versions", "", *versions, ""]
+    for run in runs:
+        if run.summary.get("accelerator_state"):
+            state = str(run.summary["accelerator_state"]).rstrip()
+            lines += [f"### Accelerator state of `{run.name}`", "", "```text", state, "```", ""]
+    return lines + nvidia_smi_lines(runs)
+
+
+def mnist_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
+    lines = ["## LeNet-5 on MNIST", "", "### Results", "", *summary_table(runs, MNIST_ROWS), ""]
+    config = mapping_table(runs, "config")
+    if config:
+        lines += ["### Settings", "", *config, ""]
+    lines += ["### Curves", "", *curve_section(runs, MNIST_FIGURES, out_dir)]
+    for run in runs:
+        stem = file_stem(run.name)
+        matrix = run.summary.get("confusion_matrix")
+        path = out_dir / f"mnist_confusion_matrix_{stem}.png"
+        if matrix is not None and plot_confusion_matrix(matrix, f"{run.name}: test set", path):
+            lines += figure_lines(path, f"Confusion matrix of `{run.name}` on the test digits")
+        path = out_dir / f"mnist_feature_maps_{stem}.png"
+        if plot_images(run, FEATURE_MAP_TAGS, path):
+            lines += figure_lines(path, f"Feature maps of `{run.name}` for fixed test digits")
+    versions = mapping_table(runs, "versions")
+    if versions:
+        lines += ["### Library versions", "", *versions, ""]
+    return lines + nvidia_smi_lines(runs)
+
+
+def unknown_section(runs: Sequence[RunRecord]) -> list[str]:
+    lines = ["## Unrecognised folders", ""]
+    for run in runs:
+        tags = sorted(run.scalars) + sorted(run.images)
+        found = ", ".join(f"`{tag}`" for tag in tags) if tags else "nothing"
+        lines.append(f"- `{run.name}` ({display_path(run.path)}): logged {found}")
+    return [*lines, ""]
+
+
+# ---------------------------------------------------------------- the report
+
+
+def display_path(path: Path) -> str:
+    """A run folder as the reader would type it: relative to the working folder when inside it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def write_report(
+    run_dirs: Sequence[str | Path],
+    out_dir: str | Path,
+    overwrite: bool = False,
+    tensorboard_screenshot: bool = False,
+    chromium: str | None = None,
+) -> Path:
+    """Read the runs, write figures and report.md into `out_dir`; return the report's path."""
+    if not run_dirs:
+        raise InputError("no run folder given; pass one or more run folders")
+    if tensorboard_screenshot:
+        chromium = find_chromium(chromium)
+    runs = [load_run(run_dir) for run_dir in run_dirs]
+    unique_run_names(runs)
+    out_dir = Path(out_dir)
+    with atomic_dir(out_dir, overwrite=overwrite) as staging:
+        extra_notes = []
+        screenshot_lines: list[str] = []
+        if tensorboard_screenshot:
+            try:
+                screenshot_tensorboard(
+                    {run.name: run.path for run in runs}, staging / SCREENSHOT_FILE, chromium
+                )
+                screenshot_lines = [
+                    "## TensorBoard",
+                    "",
+                    *figure_lines(
+                        staging / SCREENSHOT_FILE, "TensorBoard's scalars page for these runs"
+                    ),
+                ]
+            except ScreenshotError as err:
+                logger.error("TensorBoard screenshot failed: %s", err)
+                extra_notes.append(f"the TensorBoard screenshot failed: {err}")
+        body: list[str] = []
+        for kind, section in ((GPT_KIND, gpt_section), (MNIST_KIND, mnist_section)):
+            of_kind = [run for run in runs if run.kind == kind]
+            if of_kind:
+                body += section(of_kind, staging)
+        unknown = [run for run in runs if run.kind == UNKNOWN_KIND]
+        if unknown:
+            body += unknown_section(unknown)
+        listing = [f"- `{run.name}`: {display_path(run.path)} ({run.kind})" for run in runs]
+        lines = [
+            "# Run report",
+            "",
+            *listing,
+            "",
+            *notes_section(runs, extra_notes),
+            *body,
+            *screenshot_lines,
+        ]
+        (staging / REPORT_FILE).write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    logger.info("report written to %s", out_dir / REPORT_FILE)
+    return out_dir / REPORT_FILE
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    # tensorboard's reader logs every event file it opens at INFO.
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
+    parser = HfArgumentParser(
+        [ReportArguments],
+        prog="python -m common.report",
+        description="Figures and a Markdown report (report.md) from one or more run folders.",
+    )
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="Run folders; several are overlaid."
+    )
+    args, extra = parser.parse_args_into_dataclasses(argv)
+    report = write_report(
+        extra.run_dirs, args.out, args.overwrite, args.tensorboard_screenshot, args.chromium
+    )
+    print(report)
+    screenshot_missing = not (report.parent / SCREENSHOT_FILE).is_file()
+    return 1 if args.tensorboard_screenshot and screenshot_missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

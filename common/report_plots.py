@@ -1,0 +1,156 @@
+"""Figures of the run report, drawn with matplotlib's object API (no pyplot, no display).
+
+Curve figures take several runs and overlay them, one colour per run in every figure; the
+per-run figures (confusion matrix, feature maps) take one. Each function returns False and
+writes nothing when the runs hold none of the data it draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from common.run_folder import RunRecord
+
+# TensorBoard's smoothing: a debiased exponential moving average. 0.9 averages over ~10
+# logged steps, enough to read a trend through per-batch noise on runs of a few hundred steps.
+SMOOTHING_WEIGHT = 0.9
+PANEL_SIZE = (6.0, 3.6)
+DPI = 110
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A scalar tag drawn in one panel, in a given line style."""
+
+    tag: str
+    label: str = ""
+    style: str = "-"
+    smoothed: bool = False
+    markers: bool = False
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One subplot: curves sharing axes."""
+
+    title: str
+    ylabel: str
+    curves: tuple[Curve, ...]
+    xlabel: str = "step"
+    # x = seconds since the run's first logged scalar instead of the step (samplers log by time).
+    time_axis: bool = False
+    hline: float | None = None
+    hline_label: str = ""
+
+
+def run_color(index: int) -> tuple[float, float, float, float]:
+    """The colour of the index-th run, the same in every figure."""
+    return colormaps["tab10"](index % 10)
+
+
+def ema(values: np.ndarray, weight: float = SMOOTHING_WEIGHT) -> np.ndarray:
+    """Debiased exponential moving average, as TensorBoard's smoothing slider computes it."""
+    smoothed = np.empty_like(values, dtype=np.float64)
+    last = 0.0
+    for i, value in enumerate(values):
+        last = last * weight + (1 - weight) * value
+        smoothed[i] = last / (1 - weight ** (i + 1))
+    return smoothed
+
+
+def plot_panels(runs: Sequence[RunRecord], panels: Sequence[Panel], path: Path) -> bool:
+    """Draw `panels` side by side for all runs; False (no file) when no run has any curve."""
+    if not any(curve.tag in run.scalars for run in runs for p in panels for curve in p.curves):
+        return False
+    figure = Figure(figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), layout="constrained")
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    for ax, panel in zip(axes, panels, strict=True):
+        draw_panel(ax, runs, panel)
+    figure.savefig(path, dpi=DPI)
+    return True
+
+
+def draw_panel(ax, runs: Sequence[RunRecord], panel: Panel) -> None:
+    """One subplot: every curve of the panel for every run that logged it."""
+    for index, run in enumerate(runs):
+        color = run_color(index)
+        start = run.start_wall_time
+        for curve in panel.curves:
+            series = run.scalars.get(curve.tag)
+            if series is None or not len(series.steps):
+                continue
+            x, values = series.steps, series.values
+            if panel.time_axis:
+                order = np.argsort(series.wall_times, kind="stable")
+                x, values = series.wall_times[order] - start, values[order]
+            label = run.name if len(runs) > 1 else ""
+            if curve.label:
+                label = f"{label} {curve.label}".strip()
+            # Dots on sparse curves (per epoch, one evaluation), where a line alone hides points.
+            marker = "o" if curve.markers or len(values) <= 3 else None
+            if curve.smoothed:
+                ax.plot(x, values, curve.style, color=color, alpha=0.25, linewidth=0.8)
+                ax.plot(x, ema(values), curve.style, color=color, label=label, marker=marker)
+            else:
+                ax.plot(x, values, curve.style, color=color, label=label, marker=marker)
+    if panel.hline is not None:
+        ax.axhline(
+            panel.hline, color="black", linestyle=":", linewidth=1.2, label=panel.hline_label
+        )
+    ax.set_title(panel.title)
+    if panel.time_axis:
+        ax.set_xlabel("seconds since start")
+    else:
+        ax.set_xlabel(panel.xlabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(panel.ylabel)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize="small")
+
+
+def plot_confusion_matrix(matrix: Sequence[Sequence[int]], title: str, path: Path) -> bool:
+    """Counts of (true, predicted) digit pairs, annotated; False for an unusable matrix."""
+    counts = np.asarray(matrix)
+    if counts.ndim != 2 or counts.shape[0] != counts.shape[1] or counts.size == 0:
+        return False
+    figure = Figure(figsize=(6.0, 5.4), layout="constrained")
+    ax = figure.subplots()
+    shown = ax.imshow(counts, cmap="Blues")
+    figure.colorbar(shown, ax=ax, shrink=0.8)
+    threshold = counts.max() / 2 if counts.max() else 1
+    for (row, col), count in np.ndenumerate(counts):
+        color = "white" if count > threshold else "black"
+        ax.text(col, row, str(count), ha="center", va="center", fontsize=8, color=color)
+    classes = range(counts.shape[0])
+    ax.set_xticks(classes)
+    ax.set_yticks(classes)
+    ax.set_xlabel("predicted digit")
+    ax.set_ylabel("true digit")
+    ax.set_title(title)
+    figure.savefig(path, dpi=DPI)
+    return True
+
+
+def plot_images(run: RunRecord, tags: Sequence[str], path: Path) -> bool:
+    """The newest logged image of each tag, one row per tag; False when none was logged."""
+    present = [tag for tag in tags if tag in run.images]
+    if not present:
+        return False
+    figure = Figure(figsize=(10.0, 3.2 * len(present)), layout="constrained")
+    axes = figure.subplots(len(present), 1, squeeze=False)[:, 0]
+    for ax, tag in zip(axes, present, strict=True):
+        image = run.images[tag]
+        grey = image.pixels.ndim == 2
+        ax.imshow(image.pixels, cmap="gray" if grey else None, interpolation="nearest")
+        ax.set_title(f"{tag} (step {image.step})")
+        ax.set_axis_off()
+    figure.savefig(path, dpi=DPI)
+    return True
