@@ -70,11 +70,19 @@ sys.exit("no free block of ports found")
 EOF
 }
 
-# True while PID is a live process (a zombie waiting to be reaped counts as gone).
+# True while PID is a live process named NAME (a zombie waiting to be reaped counts as gone; the
+# name check keeps a stale PID file from hitting an unrelated process that reused the PID).
 is_running() {
-    local stat
-    stat="$(ps -o stat= -p "$1" 2>/dev/null || true)"
-    [[ -n "$stat" && "$stat" != Z* ]]
+    local pid="$1" name="$2" stat comm
+    read -r stat comm < <(ps -o stat=,comm= -p "$pid" 2>/dev/null) || return 1
+    [[ "$stat" != Z* && "$comm" == "$name" ]]
+}
+
+# The daemon a PID file records: run/slurmd-127.0.0.2.pid -> slurmd.
+daemon_name() {
+    local name
+    name="$(basename "$1" .pid)"
+    echo "${name%%-*}"
 }
 
 # Start a daemon in the foreground of its own session and record its PID.
@@ -149,7 +157,7 @@ cluster_up() {
             || die "$tool not found; install: apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
     done
     export PATH="$PATH:/usr/sbin:/sbin"
-    if [[ -f "$DIR/run/slurmctld.pid" ]] && is_running "$(cat "$DIR/run/slurmctld.pid")"; then
+    if [[ -f "$DIR/run/slurmctld.pid" ]] && is_running "$(cat "$DIR/run/slurmctld.pid")" slurmctld; then
         die "a cluster is already running in $DIR; stop it with: $0 down $DIR"
     fi
     mkdir -p "$DIR"/{munge,state,log,run,dev}
@@ -205,10 +213,10 @@ wait_for() {
 
 cluster_down() {
     export SLURM_CONF="$DIR/slurm.conf" PATH="$PATH:/usr/sbin:/sbin"
-    local deadline=$((SECONDS + STOP_TIMEOUT_S)) pid_file pid
+    local deadline=$((SECONDS + STOP_TIMEOUT_S)) pid_file pid name
     # Jobs outlive their clients (`sbatch --wait` killed leaves the job running): cancel them all
     # while slurmctld still runs, and let their step daemons finish before stopping slurmd.
-    if [[ -f "$DIR/run/slurmctld.pid" ]] && is_running "$(cat "$DIR/run/slurmctld.pid")"; then
+    if [[ -f "$DIR/run/slurmctld.pid" ]] && is_running "$(cat "$DIR/run/slurmctld.pid")" slurmctld; then
         scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
         # Each running step has a socket in its node's spool folder until its slurmstepd ends.
         while [[ -n "$(squeue -h -o %i 2>/dev/null)$(find "$DIR"/d-* -type s 2>/dev/null)" ]]; do
@@ -219,8 +227,11 @@ cluster_down() {
     for pid_file in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmctld.pid" "$DIR/run/munged.pid"; do
         [[ -f "$pid_file" ]] || continue
         pid="$(cat "$pid_file")"
-        is_running "$pid" && kill -TERM "$pid" 2>/dev/null || true
-        while is_running "$pid"; do
+        name="$(daemon_name "$pid_file")"
+        if is_running "$pid" "$name"; then
+            kill -TERM "$pid" 2>/dev/null || true
+        fi
+        while is_running "$pid" "$name"; do
             if ((SECONDS > deadline)); then
                 kill -KILL "$pid" 2>/dev/null || true
                 break
