@@ -71,8 +71,8 @@ class TokenizerArguments:
             )
         if self.heldout_every < 0 or self.heldout_every == 1:
             raise InputError(
-                f"--heldout_every {self.heldout_every} would hold out everything or nothing "
-                "sensible; pass 0 (none) or a number >= 2"
+                f"--heldout_every {self.heldout_every} leaves nothing to train on or is "
+                "negative; pass 0 (hold out nothing) or a number >= 2"
             )
         if self.batch_size < 1 or self.min_frequency < 0 or self.model_max_length < 1:
             raise InputError(
