@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import HfArgumentParser
-
 from common.cli import InputError, entry_point
 from common.files import atomic_dir
 from common.report_plots import Curve, Panel, plot_confusion_matrix, plot_images, plot_panels
@@ -128,7 +126,9 @@ GPT_ROWS = (
     Row("final loss below the threshold", "loss_below_threshold", format_pass_fail),
     Row("validation loss", "eval_loss"),
     Row("validation perplexity", "perplexity"),
-    Row("optimizer steps", "max_steps"),
+    Row("optimizer steps planned", "max_steps"),
+    Row("optimizer steps done", "global_step"),
+    Row("processes", "num_processes"),
     Row("tokens per optimizer step", "global_batch_tokens"),
     Row("parameters", "num_parameters"),
     Row("hardware", "hardware", format_hardware),
@@ -440,6 +440,8 @@ def write_report(
 def main(argv: list[str] | None = None) -> int:
     # tensorboard's reader logs every event file it opens at INFO.
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
+    from transformers import HfArgumentParser  # slow to import; only the command line needs it
+
     parser = HfArgumentParser(
         [ReportArguments],
         prog="python -m common.report",
