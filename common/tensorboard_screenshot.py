@@ -27,6 +27,9 @@ from common.cli import InputError
 logger = logging.getLogger(__name__)
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# The scalars dashboard filtered by a match-all regex: every chart in one expanded group
+# (unfiltered, only the first two tag groups are open and `train/` comes last).
+SCALARS_PAGE = "#scalars&tagFilter=.*"
 WINDOW_SIZE = (1400, 1600)
 # Seconds TensorBoard may take to read the event files and answer with tags.
 TENSORBOARD_READY_TIMEOUT = 120.0
@@ -119,7 +122,7 @@ def screenshot_tensorboard(
             )
         try:
             wait_for_scalars(base_url, tensorboard, tensorboard_log)
-            take_screenshot(chromium_path, f"{base_url}/#scalars", png_path, scratch_dir)
+            take_screenshot(chromium_path, f"{base_url}/{SCALARS_PAGE}", png_path, scratch_dir)
         finally:
             stop_process_group(tensorboard)
     logger.info("TensorBoard screenshot written to %s", png_path)
