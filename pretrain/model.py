@@ -1,0 +1,131 @@
+"""GPT-2 model presets, built from scratch (random weights) around a tokenizer.
+
+The architecture is transformers' `GPT2LMHeadModel`; this module only decides its shape. The
+vocabulary comes from the tokenizer, rounded up to a multiple of 128 so the embedding and the
+output matmul tile evenly on tensor cores (nanoGPT pads 50257 to 50304 for the same reason);
+the extra rows are never produced by the tokenizer and simply learn to be unlikely.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
+
+from common.cli import InputError
+
+logger = logging.getLogger(__name__)
+
+VOCAB_MULTIPLE = 128
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """The shape of a GPT-2: depth, width, heads, and the longest sequence it can see."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_positions: int
+
+
+PRESETS: dict[str, ModelPreset] = {
+    # GPT-2 "small" (Radford et al. 2019): 117M parameters as published, 124M as counted with
+    # the 50257-token embedding; fewer here with a smaller custom vocabulary.
+    "gpt2-117m": ModelPreset(n_layer=12, n_embd=768, n_head=12, n_positions=1024),
+    # For tests and the CPU demo: a few seconds per hundred steps at block size 64.
+    "tiny": ModelPreset(n_layer=2, n_embd=64, n_head=2, n_positions=256),
+}
+
+
+def round_vocab_size(num_tokens: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """Smallest multiple of `multiple` that holds `num_tokens` token ids."""
+    return math.ceil(num_tokens / multiple) * multiple
+
+
+def build_model_config(
+    preset_name: str,
+    tokenizer: PreTrainedTokenizerBase,
+    block_size: int,
+    vocab_size: int | None = None,
+    dropout: float = 0.0,
+    attn_implementation: str = "sdpa",
+) -> GPT2Config:
+    """Resolve a preset against a tokenizer; raise InputError for shapes that cannot work."""
+    if preset_name not in PRESETS:
+        raise InputError(
+            f"unknown model preset '{preset_name}'; choose one of {', '.join(PRESETS)}"
+        )
+    preset = PRESETS[preset_name]
+    if block_size > preset.n_positions:
+        raise InputError(
+            f"block_size {block_size} is longer than the {preset.n_positions} positions of preset "
+            f"'{preset_name}'; pass --block_size {preset.n_positions} or less"
+        )
+    num_tokens = len(tokenizer)
+    if vocab_size is None:
+        vocab_size = round_vocab_size(num_tokens)
+    elif vocab_size < num_tokens:
+        raise InputError(
+            f"vocab_size {vocab_size} is smaller than the tokenizer's {num_tokens} tokens "
+            f"(ids up to {num_tokens - 1} would index past the embedding); "
+            f"drop --vocab_size or pass at least {round_vocab_size(num_tokens)}"
+        )
+    return GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=preset.n_positions,
+        n_embd=preset.n_embd,
+        n_layer=preset.n_layer,
+        n_head=preset.n_head,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        # GPT2Config defaults these to GPT-2's own 50256; a custom tokenizer has its own ids.
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        # Training never reuses past keys/values; generation turns the cache back on.
+        use_cache=False,
+        attn_implementation=attn_implementation,
+    )
+
+
+def build_model(config: GPT2Config) -> GPT2LMHeadModel:
+    """A randomly initialised GPT-2 (never pretrained weights); logs its real size."""
+    model = GPT2LMHeadModel(config)
+    logger.info(
+        "GPT-2 %d layers x %d wide, %d heads, vocab %d: %s parameters (%s without position "
+        "embeddings), attention %s",
+        config.n_layer,
+        config.n_embd,
+        config.n_head,
+        config.vocab_size,
+        f"{count_parameters(model):,}",
+        f"{count_parameters(model, exclude_position_embeddings=True):,}",
+        config._attn_implementation,
+    )
+    return model
+
+
+def count_parameters(model: GPT2LMHeadModel, exclude_position_embeddings: bool = False) -> int:
+    """Distinct parameters (the tied input/output embedding counts once)."""
+    total = sum(p.numel() for p in model.parameters())
+    if exclude_position_embeddings:
+        total -= model.transformer.wpe.weight.numel()
+    return total
+
+
+def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:
+    """Training FLOPs per token (forward + backward), the PaLM appendix B estimate.
+
+    6 N + 12 L d T, where N counts the parameters that take part in matmuls (all but the
+    position embeddings; the tied token embedding counts once because the output layer
+    multiplies by it, 2 V d FLOPs per token forward), L layers, d = heads x head size the
+    model width, T the sequence length (attention scores and weighted values, full square
+    as is customary although the causal half would suffice).
+    """
+    config = model.config
+    num_matmul_parameters = count_parameters(model, exclude_position_embeddings=True)
+    return 6 * num_matmul_parameters + 12 * config.n_layer * config.n_embd * sequence_length
