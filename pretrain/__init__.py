@@ -1,0 +1,1 @@
+"""Pretrain GPT-2 from scratch: pack the corpus into token blocks, then train on them."""

@@ -1,0 +1,515 @@
+"""Tokenize the corpus once and pack it into fixed-length blocks of token ids, cached as Arrow.
+
+    python -m pretrain.prepare --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer \\
+        --max_train_tokens 12000000
+
+The rules, in the order they are applied:
+
+1. Documents come from the shared corpus reader (`common.corpus.iter_documents`), in its order.
+2. Tokenization is a batched `datasets` map over the documents (`--num_proc` processes, fast
+   tokenizer, no special tokens added by the tokenizer); `<|endoftext|>` (the tokenizer's eos
+   token) is appended after every document, so documents are separated in the stream.
+3. The split is by document: each document gets a 64-bit hash of its text keyed by
+   `--split_seed`; the documents with the smallest hashes, `ceil(validation_fraction x
+   documents)` of them, and more until they fill at least one block, are the validation split.
+   A document's split therefore depends only on its text and the seed, not on its position or
+   on the rest of the corpus.
+4. Each split's token stream (its documents in corpus order, eos after each) is cut into
+   `block_size` blocks with numpy, over the whole stream at once: blocks never depend on
+   `--num_proc` or the map batch size, and at most one remainder (< block_size tokens) per split
+   is dropped.
+5. `--max_train_tokens` keeps exactly `ceil(max_train_tokens / block_size)` training blocks
+   (12,000,000 tokens -> 11,719 blocks of 1024): the first ones of a shuffle of the packed
+   blocks seeded by `--split_seed`, so the budget is a uniform sample of the corpus, not its
+   first documents, and a smaller budget's blocks are a prefix of a larger one's. A corpus with
+   fewer blocks than the budget is an error unless `--repeat_corpus`: then further shuffles
+   (passes over the whole corpus) follow the first until the budget is filled. Without a budget
+   all training blocks are kept, in stream order.
+6. Only `input_ids` is stored (int32, fixed length `block_size`); the model shifts the labels.
+
+The cache folder's name is a hash of the corpus fingerprint, the tokenizer files' bytes, the
+block size, the split and budget settings and `PIPELINE_VERSION`; the folder is written under a
+temporary name and renamed when complete, so a build that was interrupted is never reused.
+`stats.json` inside it records the counts, the dropped remainders and the unigram entropy of the
+training stream in nats (the loss of the best model that ignores context).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import logging
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from common.cli import InputError
+from common.corpus import CorpusArguments, CorpusStats, corpus_fingerprint, iter_documents
+from common.files import atomic_dir, write_json_atomic
+from common.system import library_versions
+
+logger = logging.getLogger(__name__)
+
+# Bump when the blocks made from the same inputs change, so older caches are not reused.
+PIPELINE_VERSION = 1
+STATS_FILE = "stats.json"
+CACHE_FOLDER_PREFIX = "blocks"
+SPLITS = ("train", "validation")
+# The files that define a tokenizer (whichever of them a folder has); model weights saved in the
+# same folder do not change the token ids and are not hashed.
+TOKENIZER_FILE_NAMES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+
+
+@dataclass
+class DataArguments:
+    """Which tokenizer, how long the blocks are, how the corpus is split and budgeted."""
+
+    tokenizer_dir: str = field(
+        metadata={
+            "help": "Tokenizer folder (from train-tokenizer, or any saved Hugging Face fast "
+            "tokenizer with an eos token, e.g. GPT-2's)."
+        }
+    )
+    cache_dir: str = field(
+        default="data/cache",
+        metadata={"help": "Folder that holds the packed-block caches, one subfolder per input."},
+    )
+    block_size: int = field(
+        default=1024, metadata={"help": "Tokens per training example (the context length)."}
+    )
+    n_positions: int = field(
+        default=1024,
+        metadata={
+            "help": "Position embeddings of the model the blocks are for (GPT-2: 1024); a "
+            "--block_size above it is refused."
+        },
+    )
+    validation_fraction: float = field(
+        default=0.005,
+        metadata={
+            "help": "Share of documents held out for validation (at least enough for one block)."
+        },
+    )
+    max_train_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget: keep exactly ceil(max_train_tokens / block_size) training "
+            "blocks, a seeded random sample of the corpus (default: all blocks)."
+        },
+    )
+    repeat_corpus: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow a corpus smaller than --max_train_tokens: repeat it (reshuffled each "
+            "pass) to fill the budget. Without it a too-small corpus is an error."
+        },
+    )
+    num_proc: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes for tokenization (default: one process; the tokenizer itself "
+            "already uses every core). The blocks do not depend on it."
+        },
+    )
+    map_batch_size: int = field(
+        default=1000,
+        metadata={"help": "Documents per tokenization batch. The blocks do not depend on it."},
+    )
+    split_seed: int = field(
+        default=0,
+        metadata={
+            "help": "Seed of the document hash that picks the validation split and of the "
+            "shuffle that picks the budget's training blocks."
+        },
+    )
+
+
+def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments) -> Path:
+    """Build (or reuse) the Arrow cache of packed blocks; return its folder.
+
+    Every check that needs no tokenization runs first. Raises InputError on bad input.
+    """
+    check_data_arguments(data_args)
+    tokenizer = load_tokenizer(data_args.tokenizer_dir)
+    cache_root = Path(data_args.cache_dir)
+    check_writable(cache_root)
+    fingerprint = corpus_fingerprint(corpus_args)
+    tokenizer_digest = tokenizer_files_digest(data_args.tokenizer_dir)
+    key = cache_key(fingerprint, tokenizer_digest, data_args)
+    folder = cache_root / f"{CACHE_FOLDER_PREFIX}-{data_args.block_size}-{key}"
+    if (folder / STATS_FILE).is_file():
+        logger.info("reusing packed blocks in %s", folder)
+        return folder
+    if folder.exists():
+        raise InputError(
+            f"cache folder {folder} exists but has no {STATS_FILE} (not written by this "
+            "program); delete it and run again"
+        )
+    unfinished = sorted(cache_root.glob(f".{CACHE_FOLDER_PREFIX}-*.tmp-*"))
+    if unfinished:
+        logger.warning(
+            "ignoring %d unfinished cache folder(s) left by interrupted builds (%s); "
+            "delete them to free the space",
+            len(unfinished),
+            ", ".join(path.name for path in unfinished),
+        )
+    context = {
+        "cache_key": key,
+        "corpus_fingerprint": fingerprint,
+        "tokenizer_files_sha256": tokenizer_digest,
+    }
+    with atomic_dir(folder) as tmp_dir:
+        build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
+    logger.info("packed blocks saved in %s", folder)
+    return folder
+
+
+def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
+    """The splits "train" and "validation": one column "input_ids" (int32 on disk, length
+    block_size), in torch format (batches come out as int64 tensors)."""
+    cache_dir = Path(cache_dir)
+    if not (cache_dir / STATS_FILE).is_file():
+        raise InputError(
+            f"{cache_dir} is not a packed-block cache (no {STATS_FILE}); "
+            "make one with `python -m pretrain.prepare`"
+        )
+    blocks = datasets.load_from_disk(str(cache_dir))
+    return blocks.with_format("torch")
+
+
+def read_stats(cache_dir: str | Path) -> dict[str, Any]:
+    """The `stats.json` of a packed-block cache."""
+    return json.loads((Path(cache_dir) / STATS_FILE).read_text(encoding="utf-8"))
+
+
+def check_data_arguments(args: DataArguments) -> None:
+    """Reject settings that cannot work, before anything is read."""
+    if args.block_size < 2:
+        raise InputError(f"--block_size {args.block_size} is too small; pass at least 2")
+    if args.block_size > args.n_positions:
+        raise InputError(
+            f"--block_size {args.block_size} is above the model's {args.n_positions} positions "
+            "(--n_positions); lower --block_size or raise --n_positions to match the model"
+        )
+    if not 0.0 < args.validation_fraction < 1.0:
+        raise InputError(
+            f"--validation_fraction {args.validation_fraction} must be between 0 and 1 "
+            "(exclusive), e.g. 0.005"
+        )
+    if args.max_train_tokens is not None and args.max_train_tokens < 1:
+        raise InputError(f"--max_train_tokens {args.max_train_tokens} must be at least 1")
+    if args.num_proc is not None and args.num_proc < 1:
+        raise InputError(f"--num_proc {args.num_proc} must be at least 1")
+    if args.map_batch_size < 1:
+        raise InputError(f"--map_batch_size {args.map_batch_size} must be at least 1")
+
+
+def load_tokenizer(tokenizer_dir: str | Path):
+    """A fast tokenizer with an eos token from a local folder; never reaches the hub."""
+    from transformers import AutoTokenizer
+
+    path = Path(tokenizer_dir)
+    if not path.is_dir():
+        raise InputError(
+            f"tokenizer folder {path} does not exist; train one with train-tokenizer "
+            "or pass a saved Hugging Face tokenizer folder as --tokenizer_dir"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as err:  # noqa: BLE001 (loaders raise many types for a broken folder)
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"tokenizer folder {path} cannot be loaded: {message}") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise InputError(
+            f"tokenizer in {path} is not a fast (tokenizers-backed) tokenizer; "
+            "save it with tokenizer.json (e.g. train-tokenizer does)"
+        )
+    if tokenizer.eos_token_id is None:
+        raise InputError(
+            f"tokenizer in {path} has no eos token to separate documents; "
+            "set eos_token (e.g. <|endoftext|>) and save it again"
+        )
+    return tokenizer
+
+
+def check_writable(folder: Path) -> None:
+    """Fail now, not after tokenizing, when the cache cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise InputError(
+            f"cache folder {folder} is not writable ({err.strerror}); "
+            "pass --cache_dir with a folder you can write to"
+        ) from None
+
+
+def tokenizer_files_digest(tokenizer_dir: str | Path) -> str:
+    """SHA-256 over the names and bytes of the tokenizer files in the folder."""
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILE_NAMES:
+        path = Path(tokenizer_dir) / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(corpus_digest: str, tokenizer_digest: str, args: DataArguments) -> str:
+    """Short hash of everything the blocks depend on (not of num_proc or the batch size)."""
+    settings = {
+        "pipeline_version": PIPELINE_VERSION,
+        "corpus": corpus_digest,
+        "tokenizer": tokenizer_digest,
+        "block_size": args.block_size,
+        "validation_fraction": args.validation_fraction,
+        "split_seed": args.split_seed,
+        "max_train_tokens": args.max_train_tokens,
+        "repeat_corpus": args.repeat_corpus,
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def num_budget_blocks(max_train_tokens: int, block_size: int) -> int:
+    """Blocks that hold the budget: ceil(max_train_tokens / block_size)."""
+    return -(-max_train_tokens // block_size)
+
+
+def build_blocks(
+    folder: Path,
+    corpus_args: CorpusArguments,
+    data_args: DataArguments,
+    tokenizer,
+    context: dict[str, Any],
+) -> dict[str, Any]:
+    """Read, tokenize, split, pack and save into `folder`; return what went into stats.json."""
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    corpus_stats = CorpusStats()
+    documents = list(iter_documents(corpus_args, corpus_stats))
+    seconds["read"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    token_ids, document_lengths = tokenize_documents(
+        documents, tokenizer, data_args.num_proc, data_args.map_batch_size
+    )
+    seconds["tokenize"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    is_validation = choose_validation_documents(
+        documents,
+        document_lengths,
+        data_args.validation_fraction,
+        data_args.block_size,
+        data_args.split_seed,
+    )
+    token_is_validation = np.repeat(is_validation, document_lengths)
+    streams = {
+        "train": token_ids[~token_is_validation],
+        "validation": token_ids[token_is_validation],
+    }
+    packed = {split: pack_blocks(stream, data_args.block_size) for split, stream in streams.items()}
+    train_blocks, _ = packed["train"]
+    if data_args.max_train_tokens is None:
+        selected = np.arange(len(train_blocks))
+    else:
+        num_selected = num_budget_blocks(data_args.max_train_tokens, data_args.block_size)
+        if num_selected > len(train_blocks) and not data_args.repeat_corpus:
+            raise InputError(
+                f"the training split has {len(streams['train']):,} tokens "
+                f"({len(train_blocks):,} blocks of {data_args.block_size}), fewer than "
+                f"--max_train_tokens {data_args.max_train_tokens:,} ({num_selected:,} blocks); "
+                "pass --repeat_corpus to repeat it, lower --max_train_tokens or add documents"
+            )
+        selected = select_training_blocks(len(train_blocks), num_selected, data_args.split_seed)
+    split_blocks = {"train": train_blocks[selected], "validation": packed["validation"][0]}
+    seconds["pack"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    dataset_dict = datasets.DatasetDict(
+        {split: blocks_dataset(blocks) for split, blocks in split_blocks.items()}
+    )
+    dataset_dict.save_to_disk(str(folder))
+    seconds["save"] = time.perf_counter() - started
+
+    vocab_size = len(tokenizer)
+    split_stats = {}
+    for split in SPLITS:
+        blocks, num_dropped = packed[split]
+        split_is_validation = split == "validation"
+        num_documents = int(np.count_nonzero(is_validation == split_is_validation))
+        split_stats[split] = {
+            "num_documents": num_documents,
+            "num_tokens": len(streams[split]),
+            "num_packed_blocks": len(blocks),
+            "num_dropped_tokens": num_dropped,
+            "num_blocks": len(split_blocks[split]),
+            "passes_over_packed_blocks": len(split_blocks[split]) / len(blocks),
+            "unigram_entropy_nats": unigram_entropy(streams[split], vocab_size),
+        }
+    stats = {
+        "pipeline_version": PIPELINE_VERSION,
+        **context,
+        "corpus_sources": corpus_stats.sources,
+        "num_documents": corpus_stats.num_documents,
+        "num_duplicate_documents_dropped": corpus_stats.num_duplicates,
+        "num_bytes": corpus_stats.num_bytes,
+        "num_tokens": len(token_ids),
+        "tokens_per_document": len(token_ids) / len(documents),
+        "tokens_counted": "token ids plus one end-of-text per document",
+        "unigram_entropy_nats": split_stats["train"]["unigram_entropy_nats"],
+        "tokenizer_dir": str(Path(data_args.tokenizer_dir).resolve()),
+        "vocab_size": vocab_size,
+        "eos_token_id": tokenizer.eos_token_id,
+        "splits": split_stats,
+        "settings": dataclasses.asdict(data_args),
+        "seconds": {name: round(value, 3) for name, value in seconds.items()},
+        "versions": library_versions(),
+    }
+    write_json_atomic(folder / STATS_FILE, stats)
+    logger.info(
+        "%s documents, %s tokens: %s training blocks (%s dropped tokens), %s validation blocks; "
+        "unigram entropy %.3f nats",
+        f"{stats['num_documents']:,}",
+        f"{stats['num_tokens']:,}",
+        f"{split_stats['train']['num_blocks']:,}",
+        split_stats["train"]["num_dropped_tokens"],
+        f"{split_stats['validation']['num_blocks']:,}",
+        stats["unigram_entropy_nats"],
+    )
+    return stats
+
+
+def tokenize_documents(
+    documents: list[str], tokenizer, num_proc: int | None, batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of all documents with eos after each (int32), and each document's length
+    including its eos."""
+    dataset = datasets.Dataset.from_dict({"text": documents}).with_format("arrow")
+    tokenized = dataset.map(
+        tokenize_batch,
+        batched=True,
+        batch_size=batch_size,
+        num_proc=num_proc,
+        remove_columns=["text"],
+        fn_kwargs={"backend": tokenizer.backend_tokenizer, "eos_token_id": tokenizer.eos_token_id},
+        # The fingerprint would otherwise be a hash of the pickled tokenizer; nothing is cached
+        # by `datasets` here (the dataset lives in memory), the result is cached by us.
+        new_fingerprint=f"tokenize-{len(documents)}-{batch_size}",
+        desc="Tokenizing documents",
+    )
+    column = tokenized.data.column("input_ids")
+    token_ids = np.concatenate(
+        [chunk.flatten().to_numpy() for chunk in column.chunks if len(chunk)]
+    )
+    document_lengths = pc.list_value_length(column).to_numpy().astype(np.int64)
+    return token_ids, document_lengths
+
+
+def tokenize_batch(batch: pa.Table, backend, eos_token_id: int) -> pa.Table:
+    """One map batch: documents -> list<int32> of their token ids with eos appended."""
+    texts = batch.column("text").to_pylist()
+    encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
+    ids_per_document = [encoding.ids for encoding in encodings]
+    lengths = np.fromiter(map(len, ids_per_document), np.int64, len(ids_per_document)) + 1
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    is_eos = np.zeros(offsets[-1], bool)
+    is_eos[offsets[1:] - 1] = True
+    values = np.empty(offsets[-1], np.int32)
+    values[is_eos] = eos_token_id
+    values[~is_eos] = np.fromiter(
+        itertools.chain.from_iterable(ids_per_document), np.int32, offsets[-1] - len(lengths)
+    )
+    return pa.table({"input_ids": pa.LargeListArray.from_arrays(offsets, values)})
+
+
+def choose_validation_documents(
+    documents: list[str],
+    document_lengths: np.ndarray,
+    validation_fraction: float,
+    block_size: int,
+    seed: int,
+) -> np.ndarray:
+    """Boolean mask of the validation documents (rule 3 of the module docstring)."""
+    key = str(seed).encode()
+    hashes = np.fromiter(
+        (
+            int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8, key=key).digest(), "big")
+            for text in documents
+        ),
+        np.uint64,
+        len(documents),
+    )
+    order = np.argsort(hashes, kind="stable")
+    tokens_so_far = np.cumsum(document_lengths[order])
+    num_total = int(tokens_so_far[-1])
+    num_for_one_block = int(np.searchsorted(tokens_so_far, block_size)) + 1
+    num_validation = max(math.ceil(validation_fraction * len(documents)), num_for_one_block)
+    if (
+        num_validation >= len(documents)
+        or num_total - tokens_so_far[num_validation - 1] < block_size
+    ):
+        raise InputError(
+            f"the corpus has {num_total:,} tokens in {len(documents):,} documents (with one "
+            f"end-of-text each): too few for one training and one validation block of "
+            f"{block_size}; add documents or lower --block_size"
+        )
+    is_validation = np.zeros(len(documents), bool)
+    is_validation[order[:num_validation]] = True
+    return is_validation
+
+
+def pack_blocks(token_stream: np.ndarray, block_size: int) -> tuple[np.ndarray, int]:
+    """Consecutive `block_size` blocks of the stream (a view) and the dropped tail length."""
+    num_blocks = len(token_stream) // block_size
+    blocks = token_stream[: num_blocks * block_size].reshape(num_blocks, block_size)
+    return blocks, len(token_stream) - num_blocks * block_size
+
+
+def select_training_blocks(num_blocks: int, num_selected: int, seed: int) -> np.ndarray:
+    """Indices of the budget's blocks: the first `num_selected` of successive seeded shuffles."""
+    rng = np.random.default_rng(seed)
+    num_passes = -(-num_selected // num_blocks)
+    order = np.concatenate([rng.permutation(num_blocks) for _ in range(num_passes)])
+    return order[:num_selected]
+
+
+def unigram_entropy(token_ids: np.ndarray, vocab_size: int) -> float:
+    """Entropy in nats of the token frequencies: the cross-entropy floor of a context-free model."""
+    counts = np.bincount(token_ids, minlength=vocab_size)
+    probabilities = counts[counts > 0] / len(token_ids)
+    return float(-(probabilities * np.log(probabilities)).sum())
+
+
+def blocks_dataset(blocks: np.ndarray) -> datasets.Dataset:
+    """A Dataset of one fixed-length int32 column `input_ids` from a [num_blocks, block_size]
+    array, without a round trip through Python lists."""
+    block_size = blocks.shape[1]
+    flat = pa.array(np.ascontiguousarray(blocks, dtype=np.int32).reshape(-1))
+    features = datasets.Features(
+        {"input_ids": datasets.List(datasets.Value("int32"), length=block_size)}
+    )
+    return datasets.Dataset.from_dict(
+        {"input_ids": pa.FixedSizeListArray.from_arrays(flat, block_size)}, features=features
+    )

@@ -1,0 +1,30 @@
+"""`python -m pretrain.prepare`: tokenize and pack the corpus into cached blocks, print the folder.
+
+    python -m pretrain.prepare --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer \\
+        --cache_dir data/cache --max_train_tokens 12000000
+
+A second run with the same inputs prints the same folder within seconds (see pretrain/data.py
+for the packing, split and budget rules).
+"""
+
+from __future__ import annotations
+
+from common.cli import entry_point, parse_args
+from common.corpus import CorpusArguments
+from pretrain.data import DataArguments, prepare_blocks
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    corpus_args, data_args = parse_args(
+        [CorpusArguments, DataArguments],
+        argv,
+        description="Tokenize a corpus and pack it into fixed-length blocks (cached Arrow).",
+        prog="python -m pretrain.prepare",
+    )
+    print(prepare_blocks(corpus_args, data_args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
