@@ -7,8 +7,9 @@ The rules, in the order they are applied:
 
 1. Documents come from the shared corpus reader (`common.corpus.iter_documents`), in its order.
 2. Tokenization is a batched `datasets` map over the documents (`--num_proc` processes, fast
-   tokenizer, no special tokens added by the tokenizer); `<|endoftext|>` (the tokenizer's eos
-   token) is appended after every document, so documents are separated in the stream.
+   tokenizer, no special tokens added by the tokenizer, special-token text inside a document
+   read as plain text); `<|endoftext|>` (the tokenizer's eos token) is appended after every
+   document, so it marks exactly the document boundaries in the stream.
 3. The split is by document: each document gets a 64-bit hash of its text keyed by
    `--split_seed`; the documents with the smallest hashes, `ceil(validation_fraction x
    documents)` of them, and more until they fill at least one block, are the validation split.
@@ -52,6 +53,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from tokenizers import Tokenizer
 
 from common.cli import InputError
 from common.corpus import CorpusArguments, CorpusStats, corpus_fingerprint, iter_documents
@@ -405,6 +407,10 @@ def tokenize_documents(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of all documents with eos after each (int32), and each document's length
     including its eos."""
+    # A copy that reads "<|endoftext|>" written inside a document as plain text: the only
+    # document separators in the stream are the ones appended here.
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.encode_special_tokens = True
     dataset = datasets.Dataset.from_dict({"text": documents}).with_format("arrow")
     tokenized = dataset.map(
         tokenize_batch,
@@ -412,7 +418,7 @@ def tokenize_documents(
         batch_size=batch_size,
         num_proc=num_proc,
         remove_columns=["text"],
-        fn_kwargs={"backend": tokenizer.backend_tokenizer, "eos_token_id": tokenizer.eos_token_id},
+        fn_kwargs={"backend": backend, "eos_token_id": tokenizer.eos_token_id},
         # The fingerprint would otherwise be a hash of the pickled tokenizer; nothing is cached
         # by `datasets` here (the dataset lives in memory), the result is cached by us.
         new_fingerprint=f"tokenize-{len(documents)}-{batch_size}",

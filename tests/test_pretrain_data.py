@@ -1,0 +1,458 @@
+"""Packed blocks: packing invariants, split, budget, cache reuse and invalidation, bad input."""
+
+import json
+import logging
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from common.cli import InputError
+from common.corpus import CorpusArguments, iter_documents
+from pretrain.data import (
+    STATS_FILE,
+    DataArguments,
+    choose_validation_documents,
+    load_blocks,
+    num_budget_blocks,
+    pack_blocks,
+    prepare_blocks,
+    read_stats,
+    select_training_blocks,
+    tokenize_documents,
+    unigram_entropy,
+)
+from pretrain.prepare import main
+
+BLOCK_SIZE = 32
+EOS_TEXT = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def corpus_args(wos_corpus_dir):
+    return CorpusArguments(corpus=[str(wos_corpus_dir)])
+
+
+@pytest.fixture(scope="module")
+def documents(corpus_args):
+    return list(iter_documents(corpus_args))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer_dir):
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def built(corpus_args, tiny_tokenizer_dir, tmp_path_factory):
+    """One cache built with default settings (block size 32): (data_args, folder)."""
+    data_args = DataArguments(
+        tokenizer_dir=str(tiny_tokenizer_dir),
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        block_size=BLOCK_SIZE,
+    )
+    return data_args, prepare_blocks(corpus_args, data_args)
+
+
+def reference_stream(documents, tokenizer):
+    """Token ids of `documents` with eos after each, through transformers' own call path."""
+    ids = []
+    for document in documents:
+        ids += tokenizer(document, add_special_tokens=False)["input_ids"]
+        ids.append(tokenizer.eos_token_id)
+    return np.array(ids, dtype=np.int64)
+
+
+def data_args_for(tokenizer_dir, cache_dir, **overrides):
+    settings = {"block_size": BLOCK_SIZE, **overrides}
+    return DataArguments(tokenizer_dir=str(tokenizer_dir), cache_dir=str(cache_dir), **settings)
+
+
+def block_array(dataset):
+    """All blocks of a split as one [num_blocks, block_size] numpy array."""
+    return dataset[:]["input_ids"].numpy()
+
+
+def file_mtimes(folder):
+    return {path: path.stat().st_mtime_ns for path in sorted(folder.rglob("*"))}
+
+
+def run_main(argv, capsys):
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
+
+
+def error_lines(err_lines):
+    return [line for line in err_lines if line.startswith("error:")]
+
+
+# --- packing ---------------------------------------------------------------------------------
+
+
+def test_blocks_are_the_document_stream_cut_into_equal_blocks(built, documents, tokenizer):
+    data_args, folder = built
+    blocks = load_blocks(folder)
+    stats = read_stats(folder)
+    is_validation = choose_validation_documents(
+        documents,
+        np.array([len(tokenizer(d, add_special_tokens=False)["input_ids"]) + 1 for d in documents]),
+        data_args.validation_fraction,
+        BLOCK_SIZE,
+        data_args.split_seed,
+    )
+    for split, in_split in (("train", ~is_validation), ("validation", is_validation)):
+        split_documents = [d for d, keep in zip(documents, in_split, strict=True) if keep]
+        expected = reference_stream(split_documents, tokenizer)
+        stored = block_array(blocks[split])
+        assert stored.shape == (len(expected) // BLOCK_SIZE, BLOCK_SIZE)
+        # Concatenated blocks are exactly a prefix of the stream: nothing invented or reordered.
+        assert np.array_equal(stored.reshape(-1), expected[: stored.size])
+        # The one dropped remainder is shorter than a block and is what stats.json reports.
+        num_dropped = len(expected) - stored.size
+        assert 0 <= num_dropped < BLOCK_SIZE
+        assert stats["splits"][split]["num_dropped_tokens"] == num_dropped
+        assert stats["splits"][split]["num_tokens"] == len(expected)
+        assert stats["splits"][split]["num_documents"] == len(split_documents)
+        # One end-of-text per document, each right after its document's tokens.
+        assert np.count_nonzero(expected == tokenizer.eos_token_id) == len(split_documents)
+    assert stats["num_documents"] == len(documents)
+    assert stats["vocab_size"] == len(tokenizer) == 512
+    with (folder / "dataset_dict.json").open() as handle:
+        assert sorted(json.load(handle)["splits"]) == ["train", "validation"]
+
+
+def test_stored_column_is_int32_input_ids_only(built):
+    _, folder = built
+    blocks = load_blocks(folder)
+    for split in ("train", "validation"):
+        dataset = blocks[split]
+        assert dataset.column_names == ["input_ids"]
+        assert str(dataset.features["input_ids"].feature.dtype) == "int32"
+        assert dataset.features["input_ids"].length == BLOCK_SIZE
+        # torch format: a batch comes out as the int64 tensor the embedding and loss expect.
+        batch = dataset[:2]["input_ids"]
+        assert batch.dtype == torch.int64 and tuple(batch.shape) == (2, BLOCK_SIZE)
+
+
+def test_special_token_text_inside_a_document_is_not_a_separator(tokenizer):
+    documents = [f"a document that quotes {EOS_TEXT} in its text", "a second document"]
+    token_ids, lengths = tokenize_documents(documents, tokenizer, num_proc=None, batch_size=1)
+    assert np.count_nonzero(token_ids == tokenizer.eos_token_id) == 2
+    assert lengths.sum() == len(token_ids)
+    assert token_ids[lengths[0] - 1] == token_ids[-1] == tokenizer.eos_token_id
+    assert EOS_TEXT in tokenizer.decode(token_ids[: lengths[0] - 1].tolist())
+
+
+def test_tokens_do_not_depend_on_processes_or_batch_size(documents, tokenizer):
+    reference, reference_lengths = tokenize_documents(documents, tokenizer, None, 1000)
+    for num_proc, batch_size in ((1, 7), (2, 1000), (2, 33)):
+        token_ids, lengths = tokenize_documents(documents, tokenizer, num_proc, batch_size)
+        assert np.array_equal(token_ids, reference)
+        assert np.array_equal(lengths, reference_lengths)
+
+
+def test_prepare_with_two_processes_gives_the_same_blocks(built, corpus_args, tmp_path):
+    data_args, folder = built
+    args = data_args_for(data_args.tokenizer_dir, tmp_path, num_proc=2, map_batch_size=13)
+    other = prepare_blocks(corpus_args, args)
+    # num_proc and the batch size are not part of the cache key: the same name, same content.
+    assert other.name == folder.name
+    for split in ("train", "validation"):
+        assert np.array_equal(
+            block_array(load_blocks(other)[split]),
+            block_array(load_blocks(folder)[split]),
+        )
+
+
+def test_pack_blocks_drops_only_the_tail():
+    stream = np.arange(10, dtype=np.int32)
+    blocks, num_dropped = pack_blocks(stream, 4)
+    assert blocks.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert num_dropped == 2
+    blocks, num_dropped = pack_blocks(stream, 5)
+    assert blocks.shape == (2, 5) and num_dropped == 0
+
+
+def test_unigram_entropy_in_nats():
+    assert unigram_entropy(np.array([3, 3, 3]), 8) == pytest.approx(0.0)
+    assert unigram_entropy(np.array([0, 1, 2, 3] * 5), 8) == pytest.approx(math.log(4))
+
+
+def test_stats_entropy_is_below_log_vocab(built):
+    stats = read_stats(built[1])
+    assert 0 < stats["unigram_entropy_nats"] < math.log(stats["vocab_size"])
+    assert stats["tokens_per_document"] == pytest.approx(
+        stats["num_tokens"] / stats["num_documents"]
+    )
+
+
+# --- split -----------------------------------------------------------------------------------
+
+
+def test_split_is_by_document_text_and_stable(documents):
+    lengths = np.full(len(documents), 50)
+    mask = choose_validation_documents(documents, lengths, 0.05, BLOCK_SIZE, seed=0)
+    assert mask.sum() == math.ceil(0.05 * len(documents))
+    again = choose_validation_documents(documents, lengths, 0.05, BLOCK_SIZE, seed=0)
+    assert np.array_equal(mask, again)
+    # A document's split follows its text, not its position in the corpus.
+    reversed_mask = choose_validation_documents(documents[::-1], lengths, 0.05, BLOCK_SIZE, seed=0)
+    assert np.array_equal(reversed_mask[::-1], mask)
+    other_seed = choose_validation_documents(documents, lengths, 0.05, BLOCK_SIZE, seed=1)
+    assert not np.array_equal(other_seed, mask)
+
+
+def test_validation_gets_at_least_one_block(documents):
+    lengths = np.full(len(documents), 10)
+    # 0.1% of 400 documents is one document of 10 tokens: extended to fill a 64-token block.
+    mask = choose_validation_documents(documents, lengths, 0.001, 64, seed=0)
+    assert lengths[mask].sum() >= 64
+    assert lengths[mask].sum() - 10 < 64
+
+
+# --- budget ----------------------------------------------------------------------------------
+
+
+def test_budget_is_ceil_of_tokens_over_block_size():
+    assert num_budget_blocks(12_000_000, 1024) == 11_719
+    assert num_budget_blocks(1024, 1024) == 1
+    assert num_budget_blocks(1025, 1024) == 2
+
+
+def test_smaller_budget_is_a_prefix_of_a_larger_one():
+    small = select_training_blocks(100, 10, seed=0)
+    large = select_training_blocks(100, 60, seed=0)
+    assert np.array_equal(small, large[:10])
+    assert len(set(large.tolist())) == 60
+    repeated = select_training_blocks(100, 250, seed=0)
+    # Two whole passes, then half of a third shuffle.
+    assert sorted(np.bincount(repeated, minlength=100).tolist()) == [2] * 50 + [3] * 50
+
+
+def test_budget_keeps_exactly_ceil_blocks_of_the_packed_ones(built, corpus_args, tmp_path):
+    data_args, folder = built
+    all_blocks = block_array(load_blocks(folder)["train"])
+    budget = 20 * BLOCK_SIZE + 1
+    args = data_args_for(data_args.tokenizer_dir, tmp_path, max_train_tokens=budget)
+    budgeted = load_blocks(prepare_blocks(corpus_args, args))
+    train = block_array(budgeted["train"])
+    assert len(train) == 21
+    rows = {row.tobytes() for row in all_blocks}
+    assert all(row.tobytes() in rows for row in train)
+    assert len({row.tobytes() for row in train}) == 21
+    # The validation split does not depend on the budget.
+    assert np.array_equal(
+        block_array(budgeted["validation"]),
+        block_array(load_blocks(folder)["validation"]),
+    )
+
+
+def test_too_small_corpus_for_budget_is_an_error_unless_repeated(
+    built, corpus_args, tmp_path, tiny_tokenizer_dir, wos_corpus_dir, capsys
+):
+    num_train_tokens = read_stats(built[1])["splits"]["train"]["num_tokens"]
+    budget = 3 * num_train_tokens
+    argv = [
+        "--corpus",
+        str(wos_corpus_dir),
+        "--tokenizer_dir",
+        str(tiny_tokenizer_dir),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--block_size",
+        str(BLOCK_SIZE),
+        "--max_train_tokens",
+        str(budget),
+    ]
+    code, out, err = run_main(argv, capsys)
+    assert code == 2 and out == ""
+    assert len(error_lines(err)) == 1
+    assert f"{num_train_tokens:,} tokens" in error_lines(err)[0]
+    assert "--repeat_corpus" in error_lines(err)[0]
+    assert not any((tmp_path / "cache").glob("blocks-*"))
+
+    code, out, _ = run_main([*argv, "--repeat_corpus"], capsys)
+    assert code == 0
+    folder = out.strip()
+    train = block_array(load_blocks(folder)["train"])
+    assert len(train) == num_budget_blocks(budget, BLOCK_SIZE)
+    stats = read_stats(folder)
+    assert stats["splits"]["train"]["passes_over_packed_blocks"] > 2.9
+
+
+# --- cache -----------------------------------------------------------------------------------
+
+
+def test_second_run_reuses_the_cache(built, corpus_args, caplog):
+    data_args, folder = built
+    before = file_mtimes(folder)
+    with caplog.at_level(logging.INFO, logger="pretrain.data"):
+        again = prepare_blocks(corpus_args, data_args)
+    assert again == folder
+    assert file_mtimes(folder) == before
+    assert any("reusing packed blocks" in record.message for record in caplog.records)
+    assert not any("packed blocks saved" in record.message for record in caplog.records)
+
+
+def test_changed_block_size_or_tokenizer_builds_a_new_cache(built, corpus_args, tmp_path):
+    data_args, folder = built
+    cache_dir = folder.parent
+    bigger = data_args_for(data_args.tokenizer_dir, cache_dir, block_size=48, n_positions=1024)
+    assert prepare_blocks(corpus_args, bigger) != folder
+
+    changed_tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(data_args.tokenizer_dir, changed_tokenizer)
+    config_path = changed_tokenizer / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["model_max_length"] = 512
+    config_path.write_text(json.dumps(config))
+    other = prepare_blocks(corpus_args, data_args_for(changed_tokenizer, cache_dir))
+    assert other != folder and other.parent == folder.parent
+    assert (
+        read_stats(other)["tokenizer_files_sha256"] != read_stats(folder)["tokenizer_files_sha256"]
+    )
+
+
+def test_interrupted_build_leaves_nothing_and_is_never_reused(
+    built, corpus_args, tmp_path, monkeypatch, caplog
+):
+    data_args, _ = built
+    args = data_args_for(data_args.tokenizer_dir, tmp_path)
+
+    def interrupt(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    # Interrupt after the Arrow files are written, before stats.json: the worst moment.
+    monkeypatch.setattr("pretrain.data.unigram_entropy", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_blocks(corpus_args, args)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+
+    # A process killed outright leaves its temporary folder behind: it must be ignored.
+    leftover = tmp_path / f".{built[1].name}.tmp-killed"
+    leftover.mkdir()
+    (leftover / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    with caplog.at_level(logging.WARNING, logger="pretrain.data"):
+        folder = prepare_blocks(corpus_args, args)
+    assert folder.name == built[1].name
+    assert (folder / STATS_FILE).is_file()
+    assert sorted(load_blocks(folder)) == ["train", "validation"]
+    assert any("unfinished cache folder" in record.message for record in caplog.records)
+
+
+# --- other tokenizers and bad input ----------------------------------------------------------
+
+
+def save_gpt2_like_tokenizer(folder):
+    """A byte-level tokenizer shaped like GPT-2's: 50,257 ids, eos = 50256, no pad."""
+    byte_symbols = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: index for index, symbol in enumerate(sorted(byte_symbols))}
+    vocab.update({f"<unused{i}>": i for i in range(len(vocab), 50256)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.add_special_tokens([EOS_TEXT])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=EOS_TEXT, eos_token=EOS_TEXT, model_max_length=1024
+    )
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_any_hf_tokenizer_folder_with_eos(corpus_args, tmp_path):
+    tokenizer_dir = save_gpt2_like_tokenizer(tmp_path / "gpt2_like")
+    args = data_args_for(tokenizer_dir, tmp_path / "cache", block_size=256, n_positions=1024)
+    folder = prepare_blocks(corpus_args, args)
+    stats = read_stats(folder)
+    assert stats["vocab_size"] == 50257 and stats["eos_token_id"] == 50256
+    train = block_array(load_blocks(folder)["train"])
+    assert int(train.max()) == 50256
+    assert int(train.min()) >= 0
+
+
+def write_lines(path, lines):
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def save_tokenizer_without_eos(folder):
+    backend = Tokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
+    PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "corpus_too_small",
+        "block_above_positions",
+        "missing_tokenizer",
+        "broken_tokenizer",
+        "tokenizer_without_eos",
+        "unwritable_cache",
+        "missing_corpus",
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    case, wos_corpus_dir, tiny_tokenizer_dir, tmp_path, capsys
+):
+    corpus = str(wos_corpus_dir)
+    tokenizer_dir = str(tiny_tokenizer_dir)
+    cache_dir = tmp_path / "cache"
+    extra = []
+    expected = {
+        "corpus_too_small": "too few for one training and one validation block",
+        "block_above_positions": "above the model's 1024 positions",
+        "missing_tokenizer": "does not exist",
+        "broken_tokenizer": "cannot be loaded",
+        "tokenizer_without_eos": "no eos token",
+        "unwritable_cache": "is not writable",
+        "missing_corpus": "does not exist",
+    }[case]
+    if case == "corpus_too_small":
+        corpus = str(write_lines(tmp_path / "small.txt", ["one short line", "another one"]))
+    elif case == "block_above_positions":
+        extra = ["--block_size", "2048"]
+    elif case == "missing_tokenizer":
+        tokenizer_dir = str(tmp_path / "no_such_tokenizer")
+    elif case == "broken_tokenizer":
+        broken = tmp_path / "broken"
+        broken.mkdir()
+        (broken / "tokenizer.json").write_text("{not json")
+        (broken / "tokenizer_config.json").write_text(
+            '{"tokenizer_class": "PreTrainedTokenizerFast"}'
+        )
+        tokenizer_dir = str(broken)
+    elif case == "tokenizer_without_eos":
+        tokenizer_dir = str(save_tokenizer_without_eos(tmp_path / "no_eos"))
+    elif case == "unwritable_cache":
+        blocker = tmp_path / "a_file"
+        blocker.write_text("not a folder")
+        cache_dir = blocker / "cache"
+    elif case == "missing_corpus":
+        corpus = str(tmp_path / "no_such_corpus.txt")
+    argv = ["--corpus", corpus, "--tokenizer_dir", tokenizer_dir, "--cache_dir", str(cache_dir)]
+    code, out, err = run_main([*argv, *extra], capsys)
+    assert code == 2 and out == ""
+    errors = error_lines(err)
+    assert len(errors) == 1 and expected in errors[0], err
+    # Nothing half-written: no cache folder, finished or not.
+    if cache_dir.is_dir():
+        assert list(cache_dir.iterdir()) == []
+
+
+def test_errors_before_expensive_work_raise_input_error(corpus_args, tiny_tokenizer_dir, tmp_path):
+    for overrides, message in (
+        ({"validation_fraction": 0.0}, "--validation_fraction"),
+        ({"block_size": 1}, "--block_size 1"),
+        ({"max_train_tokens": 0}, "--max_train_tokens 0"),
+        ({"num_proc": 0}, "--num_proc 0"),
+    ):
+        with pytest.raises(InputError, match=message):
+            prepare_blocks(corpus_args, data_args_for(tiny_tokenizer_dir, tmp_path, **overrides))
+    assert list(tmp_path.iterdir()) == []
