@@ -82,6 +82,7 @@ def build_run_summary(
     num_processes: int,
     replica_checksums: list[str] | None,
     config: dict[str, Any],
+    data: dict[str, Any],
     speed_settings: dict[str, Any],
 ) -> dict[str, Any]:
     """The summary dict; times and speed cover this process's session (after a resume, the
@@ -117,5 +118,6 @@ def build_run_summary(
         "versions": library_versions(),
         "accelerator_state": accelerator_state,
         "config": config,
+        "data": data,
         "speed_settings": speed_settings,
     }

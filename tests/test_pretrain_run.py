@@ -1,0 +1,186 @@
+"""pretrain/run.py end to end on a tiny model: learning, run folder, TensorBoard, sampling, configs,
+and the one-line errors for bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pretrain_runs import BLOCK_SIZE, TINY_CONFIG, logged_losses, read_summary, tiny_run_argv
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from transformers import AutoModelForCausalLM
+
+from common.cli import InputError
+from pretrain import generate
+from pretrain.run import main, parse_pretrain_args
+
+NUM_BLOCKS = 96  # 24 steps of 4 blocks
+GPT2_CONFIG = TINY_CONFIG.with_name("gpt2_117m.yaml")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread: on the shared 2-core CI machine more threads make steps much slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
+    """Corpus, tokenizer and a cache folder shared by every pretraining test of the session."""
+    return {
+        "corpus_dir": wos_corpus_dir,
+        "tokenizer_dir": tiny_tokenizer_dir,
+        "cache_dir": tmp_path_factory.getbasetemp() / "pretrain_cache",
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_run(data_paths, one_thread, tmp_path_factory):
+    """One finished tiny run (24 steps); MFU against a made-up 1 TFLOP/s peak."""
+    output_dir = tmp_path_factory.mktemp("tiny") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+        exit_code = main(
+            tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS, peak_tflops=1)
+        )
+    assert exit_code == 0
+    return output_dir
+
+
+def test_tiny_run_learns_and_writes_its_summary(tiny_run):
+    summary = read_summary(tiny_run)
+    assert summary["max_steps"] == summary["global_step"] == NUM_BLOCKS // 4
+    assert summary["tokens_trained"] == NUM_BLOCKS * BLOCK_SIZE
+    assert summary["global_batch_tokens"] == 4 * BLOCK_SIZE
+    assert summary["num_processes"] == 1 and summary["replicas_in_sync"] is True
+    assert summary["final_loss_window"] == 3
+    # A random model starts near ln(vocabulary) = ln(512) = 6.24; 24 steps must bring it down.
+    first_loss = logged_losses(tiny_run / f"checkpoint-{NUM_BLOCKS // 4}")[0][1]
+    assert first_loss > 5.5
+    assert summary["final_loss"] < first_loss - 0.5
+    assert summary["loss_below_threshold"] is (summary["final_loss"] < 7.0)
+    assert summary["perplexity"] == pytest.approx(math.exp(summary["eval_loss"]))
+    assert summary["tokens_per_second"] > 0 and summary["train_loop_seconds"] > 0
+    assert summary["wall_seconds"] > summary["train_loop_seconds"]
+    assert 0 < summary["mfu"] < 1
+    assert set(summary["config"]) >= {
+        "ModelArguments",
+        "CorpusArguments",
+        "DataArguments",
+        "ReportArguments",
+        "TrainingArguments",
+        "model_config",
+    }
+    assert summary["config"]["TrainingArguments"]["learning_rate"] == pytest.approx(3.0e-3)
+    assert summary["speed_settings"]["precision"] == "fp32"
+    assert summary["speed_settings"]["attn_implementation"] == "sdpa"
+    assert "Device: cpu" in summary["accelerator_state"]
+    assert summary["data"]["splits"]["train"]["num_blocks"] == NUM_BLOCKS
+    assert {"cpu_count", "platform"} <= set(summary["hardware"])
+    assert summary["versions"]["transformers"]
+
+
+def test_tensorboard_events_land_in_the_run_folder(tiny_run):
+    accumulator = EventAccumulator(str(tiny_run / "tensorboard"))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {
+        "train/loss",
+        "train/learning_rate",
+        "train/grad_norm",
+        "perf/tokens_per_second",
+        "perf/mfu",
+        "eval/loss",
+    } <= tags
+    assert not any(tag.startswith("gpu/") for tag in tags)  # no GPU here
+    loss_steps = [event.step for event in accumulator.Scalars("train/loss")]
+    assert loss_steps == [1, *range(2, NUM_BLOCKS // 4 + 1, 2)]
+    assert not (tiny_run / "nvidia-smi.txt").exists()
+
+
+def test_final_model_loads_and_samples_text(tiny_run, capsys):
+    model = AutoModelForCausalLM.from_pretrained(tiny_run / "final")
+    assert model.config.vocab_size == 512 and model.config.n_layer == 2
+    assert (tiny_run / "final" / "model.safetensors").is_file()
+    assert (tiny_run / "final" / "tokenizer.json").is_file()
+
+    assert generate.main([str(tiny_run), "--prompt", "The method", "--max_new_tokens", "8"]) == 0
+    text = capsys.readouterr().out.strip()
+    assert text.startswith("The method") and len(text) > len("The method")
+
+
+def test_generate_without_a_model_is_one_line_error(tmp_path, capsys):
+    assert generate.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_config_file_sets_defaults_and_flags_override():
+    model, corpus, data, report, training = parse_pretrain_args(
+        ["--config", str(TINY_CONFIG), "--learning_rate", "1.0e-4", "--block_size", "32"]
+    )
+    assert training.learning_rate == pytest.approx(1.0e-4)  # flag
+    assert training.per_device_train_batch_size == 8  # YAML
+    assert data.block_size == 32 and model.model_preset == "tiny"
+    assert training.report_to == ["tensorboard"] and training.eval_strategy == "no"
+
+
+def test_course_config_resolves_to_the_documented_recipe():
+    model, corpus, data, report, training = parse_pretrain_args(["--config", str(GPT2_CONFIG)])
+    assert model.model_preset == "gpt2-117m" and model.dropout == 0.0
+    assert data.max_train_tokens == 12_000_000 and data.block_size == 1024
+    assert training.per_device_train_batch_size * training.gradient_accumulation_steps == 64
+    assert isinstance(training.learning_rate, float) and training.learning_rate == 1.5e-3
+    assert (training.adam_beta1, training.adam_beta2) == (0.9, 0.95)
+    assert training.weight_decay == 0.1 and 0 < training.warmup_steps < 0.11
+    assert training.optim == "adamw_torch_fused" and training.max_steps == -1  # derived later
+
+
+def test_shipped_configs_agree_on_shared_choices():
+    tiny = parse_pretrain_args(["--config", str(TINY_CONFIG)])[-1]
+    course = parse_pretrain_args(["--config", str(GPT2_CONFIG)])[-1]
+    for name in ("eval_strategy", "report_to", "adam_beta2", "weight_decay", "max_grad_norm"):
+        assert getattr(tiny, name) == getattr(course, name), name
+
+
+def test_unknown_config_key_is_rejected(tmp_path):
+    config = tmp_path / "typo.yaml"
+    config.write_text(TINY_CONFIG.read_text() + "learning_rte: 1.0e-3\n")
+    with pytest.raises(InputError, match="learning_rte.*learning_rate"):
+        parse_pretrain_args(["--config", str(config)])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"model_preset": "gpt5"}, "unknown model preset 'gpt5'"),
+        ({"block_size": 512}, "block_size 512 is longer than the 256 positions"),
+        ({"vocab_size": 256}, "vocab_size 256 is smaller than the tokenizer's 512 tokens"),
+        ({"max_train_tokens": 100}, "less than one global batch of 256 tokens"),
+        ({"corpus": "/no/such/corpus.txt"}, "/no/such/corpus.txt"),
+        ({"resume_from_checkpoint": "/no/checkpoint-3"}, "missing or incomplete"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(data_paths, tmp_path, capsys, flags, message):
+    output_dir = tmp_path / "run"
+    assert main(tiny_run_argv(**data_paths, output_dir=output_dir, **flags)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert message in err
+    assert not output_dir.exists()
+
+
+def test_missing_tokenizer_is_one_line_and_exit_2(data_paths, tmp_path, capsys):
+    paths = {**data_paths, "tokenizer_dir": tmp_path / "no_tokenizer"}
+    assert main(tiny_run_argv(**paths, output_dir=tmp_path / "run")) == 2
+    assert "tokenizer folder" in capsys.readouterr().err
+
+
+def test_a_finished_run_folder_is_not_overwritten(data_paths, tiny_run, capsys):
+    summary_before = (tiny_run / "run_summary.json").read_bytes()
+    assert main(tiny_run_argv(**data_paths, output_dir=tiny_run)) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (tiny_run / "run_summary.json").read_bytes() == summary_before
