@@ -17,6 +17,7 @@ below.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -40,9 +41,11 @@ logger = logging.getLogger(__name__)
 
 # WOS46985/X.txt: 46,985 abstracts in about 60 MB.
 WOS_MEAN_DOCUMENT_BYTES = 1270
-# Share of synthetic sentences given one invented (and so almost surely new) word: ~400k
-# sentences in 60 MB -> ~160k distinct rare words, the long tail of technical terms.
-COMPOUND_WORD_PROBABILITY = 0.4
+# Invented technical terms (two demo words glued together), drawn with Zipf frequencies like
+# real vocabulary: a few common, a long tail seen once or twice. Terms replace words in every
+# sentence (~400k sentences in 60 MB), giving ~10^5 distinct words like real abstracts.
+NUM_INVENTED_TERMS = 1_000_000
+INVENTED_TERMS_PER_SENTENCE = 2
 
 
 @dataclass
@@ -70,6 +73,10 @@ def synthesize_wos_corpus(folder: Path, size_bytes: int, seed: int = 0) -> Path:
     sentences = re.split(r"(?<=[.!?])\s+", text)
     words = sorted(set(re.findall(r"\b[a-z]{3,}\b", text)))
     rng = random.Random(seed)
+    terms = [rng.choice(words) + rng.choice(words) for _ in range(NUM_INVENTED_TERMS)]
+    zipf_cumulative_weights = list(
+        itertools.accumulate(1 / rank for rank in range(1, len(terms) + 1))
+    )
     path = folder / "WOS46985" / WOS_TEXT_FILE
     path.parent.mkdir(parents=True)
     written = 0
@@ -80,8 +87,11 @@ def synthesize_wos_corpus(folder: Path, size_bytes: int, seed: int = 0) -> Path:
             length = 0
             while length < target:
                 tokens = rng.choice(sentences).split()
-                if rng.random() < COMPOUND_WORD_PROBABILITY:
-                    tokens[rng.randrange(len(tokens))] = rng.choice(words) + rng.choice(words)
+                invented = rng.choices(
+                    terms, cum_weights=zipf_cumulative_weights, k=INVENTED_TERMS_PER_SENTENCE
+                )
+                for term in invented:
+                    tokens[rng.randrange(len(tokens))] = term
                 sentence = " ".join(tokens)
                 parts.append(sentence)
                 length += len(sentence) + 1
