@@ -7,6 +7,7 @@ installed, every test here is skipped with the reason.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -116,3 +117,25 @@ def test_down_cancels_jobs_and_stops_every_daemon(tmp_path: Path) -> None:
         assert all(is_running(pid) for pid in [job_pid, *daemon_pids])
     assert not any(is_running(pid) for pid in [job_pid, *daemon_pids])
     assert not list((tmp_path / "cluster" / "run").glob("*.pid"))
+
+
+def test_mnist_lenet5_on_debug_partition_writes_test_accuracy(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "mnist"
+    job_log = submit_and_wait(
+        cluster,
+        SLURM_SCRIPTS / "mnist.sbatch",
+        tmp_path / "mnist.out",
+        # A short run on the embedded 5k digits: enough to beat chance clearly.
+        *("--epochs", "1", "--max_steps", "30", "--on_device_data", "true"),
+        *("--num_projector_digits", "16"),
+        OUTPUT_DIR=str(run_dir),
+        OMP_NUM_THREADS="1",  # all emulated nodes share this machine's cores
+    )
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["num_test"] == 1000
+    assert metrics["test_accuracy"] > 0.3, metrics["test_accuracy"]  # chance is 0.1
+    # The job got the partition's (fake) GPU, which CUDA cannot use: the CPU fallback.
+    assert "partition debug, GPUs: 0" in job_log
+    assert metrics["device"] == "cpu"

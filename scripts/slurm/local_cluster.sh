@@ -12,16 +12,17 @@
 #   apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge
 #
 # The cluster mirrors the course cluster: partitions `debug` (5 minutes, default) and `normal`
-# (20 minutes), one GPU per node (fake: /dev/null devices, so CUDA is absent and code must fall
-# back to CPU), two nodes. Settings, as environment variables:
+# (20 minutes), two nodes with GPUs (fake: /dev/null devices, so CUDA is absent and code must
+# fall back to CPU). Nodes declare more CPUs and GPUs than this machine may have, so that the
+# shipped scripts' requests fit unchanged. Settings, as environment variables:
 #   SLURM_LOCAL_NODES=2           emulated nodes (each a slurmd on its own port)
-#   SLURM_LOCAL_CPUS_PER_NODE=2   CPUs each node declares (all nodes share this machine's cores)
-#   SLURM_LOCAL_GPUS_PER_NODE=1   fake GPUs each node declares (0 for none)
+#   SLURM_LOCAL_CPUS_PER_NODE=8   CPUs each node declares (all nodes share this machine's cores)
+#   SLURM_LOCAL_GPUS_PER_NODE=2   fake GPUs each node declares (0 for none)
 set -euo pipefail
 
 readonly NUM_NODES="${SLURM_LOCAL_NODES:-2}"
-readonly CPUS_PER_NODE="${SLURM_LOCAL_CPUS_PER_NODE:-2}"
-readonly GPUS_PER_NODE="${SLURM_LOCAL_GPUS_PER_NODE:-1}"
+readonly CPUS_PER_NODE="${SLURM_LOCAL_CPUS_PER_NODE:-8}"
+readonly GPUS_PER_NODE="${SLURM_LOCAL_GPUS_PER_NODE:-2}"
 # How long `up` waits for the nodes to register, and `down` for jobs and daemons to end.
 readonly START_TIMEOUT_S=60
 readonly STOP_TIMEOUT_S=30
