@@ -191,10 +191,12 @@ def _jsonl_text(line: str, label: str, line_number: int, text_field: str) -> str
 
 def resolve_sources(args: CorpusArguments) -> list[_Source]:
     """Expand globs, folders and zips into the list of files to read, in a fixed order."""
-    if not args.corpus:
+    # A config file (or a caller) may give one path as a plain string.
+    entries = [args.corpus] if isinstance(args.corpus, str) else list(args.corpus)
+    if not entries:
         raise InputError("no corpus given; pass --corpus PATH [PATH ...]")
     sources: list[_Source] = []
-    for entry in args.corpus:
+    for entry in entries:
         if GLOB_CHARS & set(entry):
             matches = sorted(glob.glob(entry, recursive=True))
             if not matches:
@@ -240,9 +242,11 @@ def _find_wos_text_in_folder(folder: Path, subset: str) -> Path:
             f"folder {folder} has no subset {subset}; available: {', '.join(available)} "
             "(choose one with --subset)"
         )
+    zips = sorted(str(path) for path in folder.rglob("*.zip"))
+    hint = f"pass the zip itself ({zips[0]})" if zips else "pass text files or a glob instead"
     raise InputError(
         f"folder {folder} holds no {WOS_TEXT_FILE} (expected the Web of Science layout "
-        f"WOS46985/{WOS_TEXT_FILE}); pass text files or a glob instead"
+        f"WOS46985/{WOS_TEXT_FILE}); {hint}"
     )
 
 

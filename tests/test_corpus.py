@@ -77,6 +77,17 @@ def test_subset_choice_and_unknown_subset(wos_corpus_dir, wos_zip, wos_documents
             iter_documents(CorpusArguments(corpus=[str(path)], subset="WOS999"))
 
 
+def test_a_single_path_string_is_accepted(wos_corpus_dir, wos_documents):
+    # As a YAML config file gives it: `corpus: data/WebOfScience`.
+    assert list(iter_documents(CorpusArguments(corpus=str(wos_corpus_dir)))) == wos_documents
+
+
+def test_folder_holding_only_the_zip_points_to_it(wos_zip, tmp_path):
+    shutil.copy(wos_zip, tmp_path / "WebOfScience.zip")
+    with pytest.raises(InputError, match=r"holds no X\.txt.*pass the zip itself"):
+        read_all(tmp_path)
+
+
 def test_strip_skip_empty_and_drop_duplicates(tmp_path):
     text = b"  first doc \n\n\t\nsecond\nfirst doc\n  second  \nthird"
     path = write_bytes(tmp_path / "a.txt", text)
