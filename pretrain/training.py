@@ -81,11 +81,11 @@ def find_tensorboard_callback(trainer: Trainer) -> TensorBoardCallback | None:
 def continue_tensorboard_log(callback: TensorBoardCallback, log_dir: Path, start_step: int) -> None:
     """Open the event writer so that a resumed run draws one continuous curve.
 
-    Events an interrupted run wrote after its last checkpoint (steps >= `start_step`) would
-    overlap the resumed run's; `purge_step` tells TensorBoard to drop them.
+    Events an interrupted run wrote after its last checkpoint (steps > `start_step`) would
+    overlap the resumed run's; `purge_step` makes TensorBoard drop them.
     """
     if any(log_dir.glob("events.out.tfevents.*")):
-        callback.tb_writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step)
+        callback.tb_writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1)
 
 
 def parameter_checksum(model: torch.nn.Module) -> str:
