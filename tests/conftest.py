@@ -2,13 +2,13 @@
 
 import os
 
+import pytest
+
 # Nothing in the suite may reach the network: the hub libraries must work from local files.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import pytest  # noqa: E402  (the environment above must be set before any library import)
 
 
 @pytest.fixture(scope="session")
