@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m common.demo_corpus",
     )
     path = write_demo_corpus(args.output_dir, args.max_documents, args.overwrite)
-    print(path / "WOS46985" / WOS_TEXT_FILE)
+    print(path)
     return 0
 
 

@@ -110,7 +110,7 @@ def _train_into(
     tokenizer_args: TokenizerArguments,
     show_progress: bool,
 ) -> dict[str, Any]:
-
+    """The work of `train_tokenizer`, written into `folder` (the not yet renamed output)."""
     # A first pass checks every line before any training time is spent and sizes the progress bar.
     started = time.perf_counter()
     corpus_stats = CorpusStats()
