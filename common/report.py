@@ -207,7 +207,7 @@ def gpt_figures(runs: Sequence[RunRecord]) -> list[tuple[str, str, tuple[Panel, 
                     "cross-entropy (nats/token)",
                     (
                         Curve("train/loss", smoothed=True),
-                        Curve("eval/loss", "validation", style="--", markers=True),
+                        Curve("eval/loss", "validation", style="--", marker="s"),
                     ),
                     hline=threshold,
                     hline_label=f"loss = {threshold:g}",
@@ -245,30 +245,32 @@ GPU_PANELS = (
 MNIST_FIGURES = [
     (
         "mnist_loss.png",
-        "LeNet-5 loss: per step while training, and per epoch on training and validation sets",
+        "LeNet-5 loss: per logged step while training; per epoch on the training and "
+        "validation sets, at the step each epoch ended",
         (
             Panel("loss per step", "cross-entropy", (Curve("train/loss", smoothed=True),)),
             Panel(
                 "loss per epoch",
                 "cross-entropy",
                 (
-                    Curve("epoch/train_loss", "train", markers=True),
-                    Curve("val/loss", "validation", style="--", markers=True),
+                    Curve("epoch/train_loss", "train", marker="o"),
+                    Curve("val/loss", "validation", style="--", marker="s"),
                 ),
             ),
         ),
     ),
     (
         "mnist_accuracy.png",
-        "LeNet-5 accuracy: per step while training, and per epoch on training and validation sets",
+        "LeNet-5 accuracy: per logged step while training; per epoch on the training and "
+        "validation sets, at the step each epoch ended",
         (
             Panel("accuracy per step", "accuracy", (Curve("train/acc", smoothed=True),)),
             Panel(
                 "accuracy per epoch",
                 "accuracy",
                 (
-                    Curve("epoch/train_acc", "train", markers=True),
-                    Curve("val/acc", "validation", style="--", markers=True),
+                    Curve("epoch/train_acc", "train", marker="o"),
+                    Curve("val/acc", "validation", style="--", marker="s"),
                 ),
             ),
         ),

@@ -18,11 +18,14 @@ from matplotlib.ticker import MaxNLocator
 
 from common.run_folder import RunRecord
 
-# TensorBoard's smoothing: a debiased exponential moving average. 0.9 averages over ~10
-# logged steps, enough to read a trend through per-batch noise on runs of a few hundred steps.
-SMOOTHING_WEIGHT = 0.9
+# Smoothing as TensorBoard's slider does it (a debiased exponential moving average), with a
+# weight that averages over about 1/20 of the curve, so short and long runs both read clearly;
+# never below TensorBoard's default 0.6 nor above 0.99.
+SMOOTHING_SPAN_FRACTION = 1 / 20
+SMOOTHING_WEIGHT_RANGE = (0.6, 0.99)
 PANEL_SIZE = (6.0, 3.6)
 DPI = 110
+SPARSE_POINTS = 3
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,9 @@ class Curve:
     label: str = ""
     style: str = "-"
     smoothed: bool = False
-    markers: bool = False
+    # Marker of every point; sparse curves (<= SPARSE_POINTS) get dots anyway, as a line alone
+    # hides single points.
+    marker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,13 @@ def run_color(index: int) -> tuple[float, float, float, float]:
     return colormaps["tab10"](index % 10)
 
 
-def ema(values: np.ndarray, weight: float = SMOOTHING_WEIGHT) -> np.ndarray:
+def smoothing_weight(num_points: int) -> float:
+    """EMA weight averaging over ~SMOOTHING_SPAN_FRACTION of `num_points` (window 1/(1-w))."""
+    span = max(1.0, num_points * SMOOTHING_SPAN_FRACTION)
+    return float(np.clip(1 - 1 / span, *SMOOTHING_WEIGHT_RANGE))
+
+
+def ema(values: np.ndarray, weight: float) -> np.ndarray:
     """Debiased exponential moving average, as TensorBoard's smoothing slider computes it."""
     smoothed = np.empty_like(values, dtype=np.float64)
     last = 0.0
@@ -70,7 +81,8 @@ def plot_panels(runs: Sequence[RunRecord], panels: Sequence[Panel], path: Path) 
     if not any(curve.tag in run.scalars for run in runs for p in panels for curve in p.curves):
         return False
     figure = Figure(figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), layout="constrained")
-    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    # Panels of one figure share their x axis (steps or seconds), so events line up.
+    axes = figure.subplots(1, len(panels), squeeze=False, sharex=True)[0]
     for ax, panel in zip(axes, panels, strict=True):
         draw_panel(ax, runs, panel)
     figure.savefig(path, dpi=DPI)
@@ -93,11 +105,17 @@ def draw_panel(ax, runs: Sequence[RunRecord], panel: Panel) -> None:
             label = run.name if len(runs) > 1 else ""
             if curve.label:
                 label = f"{label} {curve.label}".strip()
-            # Dots on sparse curves (per epoch, one evaluation), where a line alone hides points.
-            marker = "o" if curve.markers or len(values) <= 3 else None
+            marker = curve.marker or ("o" if len(values) <= SPARSE_POINTS else None)
             if curve.smoothed:
                 ax.plot(x, values, curve.style, color=color, alpha=0.25, linewidth=0.8)
-                ax.plot(x, ema(values), curve.style, color=color, label=label, marker=marker)
+                ax.plot(
+                    x,
+                    ema(values, smoothing_weight(len(values))),
+                    curve.style,
+                    color=color,
+                    label=label,
+                    marker=marker,
+                )
             else:
                 ax.plot(x, values, curve.style, color=color, label=label, marker=marker)
     if panel.hline is not None:
