@@ -206,7 +206,7 @@ def gpt_figures(runs: Sequence[RunRecord]) -> list[tuple[str, str, tuple[Panel, 
                     "training loss",
                     "cross-entropy (nats/token)",
                     (
-                        Curve("train/loss", smoothed=True),
+                        Curve("train/loss", "training", smoothed=True),
                         Curve("eval/loss", "validation", style="--", marker="s"),
                     ),
                     hline=threshold,
