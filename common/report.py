@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,11 +99,14 @@ def format_hardware(hardware: Any) -> str:
     if not isinstance(hardware, dict):
         return format_value(hardware)
     gpus = hardware.get("gpus")
-    if isinstance(gpus, list) and gpus:
-        names = [f"{g.get('name', '?')} ({g.get('memory_gib', '?')} GiB)" for g in gpus]
-        return format_value(", ".join(names))
-    cores = hardware.get("cpu_count")
-    return format_value(f"CPU {hardware.get('cpu', '?')}, {cores} cores")
+    if isinstance(gpus, list) and gpus and all(isinstance(gpu, dict) for gpu in gpus):
+        counts = Counter(
+            f"{gpu.get('name', '?')} ({gpu.get('memory_gib', '?')} GiB)" for gpu in gpus
+        )
+        return format_value(", ".join(f"{n} x {name}" for name, n in counts.items()))
+    if "cpu" not in hardware:
+        return format_value(hardware)
+    return format_value(f"CPU {hardware['cpu']}, {hardware.get('cpu_count', '?')} cores")
 
 
 @dataclass(frozen=True)
@@ -400,7 +404,9 @@ def write_report(
     with atomic_dir(out_dir, overwrite=overwrite) as staging:
         extra_notes = []
         screenshot_lines: list[str] = []
-        if tensorboard_screenshot:
+        if tensorboard_screenshot and not any(run.scalars for run in runs):
+            extra_notes.append("no TensorBoard screenshot: the runs hold no scalars to show")
+        elif tensorboard_screenshot:
             try:
                 screenshot_tensorboard(
                     {run.name: run.path for run in runs}, staging / SCREENSHOT_FILE, chromium

@@ -136,7 +136,10 @@ def draw_panel(ax, runs: Sequence[RunRecord], panel: Panel) -> None:
 
 def plot_confusion_matrix(matrix: Sequence[Sequence[int]], title: str, path: Path) -> bool:
     """Counts of (true, predicted) digit pairs, annotated; False for an unusable matrix."""
-    counts = np.asarray(matrix)
+    try:
+        counts = np.asarray(matrix, dtype=np.int64)
+    except (TypeError, ValueError):  # ragged or not numbers
+        return False
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1] or counts.size == 0:
         return False
     figure = Figure(figsize=(6.0, 5.4), layout="constrained")
