@@ -65,6 +65,13 @@ def pretrain(
     launched_at: float,
 ) -> int:
     """Check the inputs, prepare the data, train, evaluate once, save; return the exit code."""
+    launched_processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched_processes != training_args.world_size:
+        raise InputError(
+            f"the launcher started {launched_processes} processes but they did not join one "
+            f"training ({training_args.world_size} seen): on CPU pass --use_cpu true (or set "
+            "ACCELERATE_USE_CPU=1), else check that every process sees its GPU"
+        )
     precision = resolve_precision(training_args)
     tokenizer = load_tokenizer(data_args.tokenizer_dir)
     model_config = build_model_config(

@@ -1,0 +1,75 @@
+"""Every accelerate config loads with accelerate's own reader, is coherent, and picks the launcher
+it is meant for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from accelerate.utils import DistributedType
+from transformers.models.gpt2 import modeling_gpt2
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
+CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+# What each file is for: distributed type, machines, whether it stays on the CPU.
+EXPECTED = {
+    "cpu.yaml": (DistributedType.NO, 1, True),
+    "single_gpu.yaml": (DistributedType.NO, 1, False),
+    "multi_gpu_ddp.yaml": (DistributedType.MULTI_GPU, 1, False),
+    "fsdp.yaml": (DistributedType.FSDP, 1, False),
+    "deepspeed_zero2.yaml": (DistributedType.DEEPSPEED, 1, False),
+    "multi_node.yaml": (DistributedType.MULTI_GPU, 2, False),
+}
+MAX_KEYS = 8  # minimal: the launcher fills in everything else
+
+
+def test_the_documented_set_of_configs_is_shipped():
+    assert sorted(path.name for path in CONFIGS) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_config_loads_and_is_coherent(path):
+    config = load_config_from_file(str(path))
+    distributed_type, num_machines, on_cpu = EXPECTED[path.name]
+    assert config.distributed_type == distributed_type
+    assert config.num_machines == num_machines
+    assert config.use_cpu is on_cpu
+    # Precision is stated once, here: fp32 on CPU, bf16 on GPUs (fp16 by command-line override).
+    assert config.mixed_precision == ("no" if on_cpu else "bf16")
+    if distributed_type == DistributedType.NO:
+        assert config.num_processes == 1
+    else:
+        assert config.num_processes >= max(2, num_machines)
+    if distributed_type == DistributedType.FSDP:
+        wrapped = config.fsdp_config["fsdp_transformer_layer_cls_to_wrap"]
+        assert hasattr(modeling_gpt2, wrapped), f"{wrapped} is not a GPT-2 module"
+        assert config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    if distributed_type == DistributedType.DEEPSPEED:
+        assert config.deepspeed_config["zero_stage"] == 2
+        # Trainer fills these from its own arguments; set here they could disagree.
+        assert not {"gradient_accumulation_steps", "gradient_clipping"} & set(
+            config.deepspeed_config
+        )
+    if num_machines > 1:
+        assert config.rdzv_backend == "static" and config.main_process_port
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_config_is_minimal_and_commented(path):
+    text = path.read_text()
+    assert len(yaml.safe_load(text)) <= MAX_KEYS
+    assert text.startswith("#") and "accelerate launch" in text
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_launcher_accepts_config_and_picks_its_launcher(path):
+    arguments = launch_command_parser().parse_args(["--config_file", str(path), "pretrain/run.py"])
+    arguments, _, _ = _validate_launch_command(arguments)
+    distributed_type, _, _ = EXPECTED[path.name]
+    assert arguments.multi_gpu is (distributed_type == DistributedType.MULTI_GPU)
+    assert arguments.use_fsdp is (distributed_type == DistributedType.FSDP)
+    assert arguments.use_deepspeed is (distributed_type == DistributedType.DEEPSPEED)
+    assert arguments.mixed_precision == load_config_from_file(str(path)).mixed_precision

@@ -1,0 +1,45 @@
+"""GPU helpers: the peak FLOP/s table and the no-op behaviour without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.gpu import GpuSampler, peak_flops_per_second, write_nvidia_smi_snapshot
+
+
+@pytest.mark.parametrize(
+    ("device_name", "tflops"),
+    [
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A10", 125.0),  # not the A100's entry
+        ("NVIDIA L4", 121.0),  # not the L40's
+        ("NVIDIA GeForce RTX 2080 Ti", 53.8),
+        ("Tesla T4", 65.0),
+        ("NVIDIA GeForce GTX 1080", None),
+        ("cpu", None),
+    ],
+)
+def test_peak_flops_are_looked_up_by_device_name(device_name, tflops):
+    peak = peak_flops_per_second(device_name)
+    assert peak == (None if tflops is None else pytest.approx(tflops * 1e12))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
+def test_without_a_gpu_sampling_and_snapshot_do_nothing(tmp_path):
+    sampler = GpuSampler()
+    assert not sampler.enabled and sampler.read() == {}
+    assert write_nvidia_smi_snapshot(tmp_path / "nvidia-smi.txt") is False
+    assert not (tmp_path / "nvidia-smi.txt").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_with_a_gpu_sampling_reads_the_three_tags(tmp_path):
+    readings = GpuSampler().read()
+    assert set(readings) == {"gpu/utilization_percent", "gpu/memory_used_gib", "gpu/power_watts"}
+    assert 0 <= readings["gpu/utilization_percent"] <= 100
+    assert write_nvidia_smi_snapshot(tmp_path / "nvidia-smi.txt")
+    assert "NVIDIA-SMI" in (tmp_path / "nvidia-smi.txt").read_text()

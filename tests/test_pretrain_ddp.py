@@ -1,0 +1,100 @@
+"""Two CPU processes (gloo DDP) through `accelerate launch` train like one process with the same
+global batch, and really in sync."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from pretrain_runs import (
+    REPO_ROOT,
+    RUN_SCRIPT,
+    logged_losses,
+    read_summary,
+    subprocess_env,
+    tiny_run_argv,
+)
+from safetensors.torch import load_file
+
+from pretrain.run import main
+
+NUM_BLOCKS = 64
+GLOBAL_BATCH = 4  # blocks: 1 process x 4, or 2 processes x 2
+NUM_STEPS = NUM_BLOCKS // GLOBAL_BATCH
+CPU_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu.yaml"
+
+
+@pytest.fixture
+def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
+    return {
+        "corpus_dir": wos_corpus_dir,
+        "tokenizer_dir": tiny_tokenizer_dir,
+        "cache_dir": tmp_path_factory.getbasetemp() / "pretrain_cache",
+    }
+
+
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_paths, tmp_path):
+    single_dir, ddp_dir = tmp_path / "single", tmp_path / "ddp"
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(tiny_run_argv(**data_paths, output_dir=single_dir, num_blocks=NUM_BLOCKS)) == 0
+    finally:
+        torch.set_num_threads(previous_threads)
+
+    # --multi_gpu picks the launcher that starts several processes (torchrun); use_cpu (set in
+    # tiny.yaml) keeps them on gloo; without either, accelerate would start one process, or two
+    # unsynchronised copies, and still exit 0.
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(CPU_CONFIG),
+        "--multi_gpu", "--num_processes", "2", "--num_cpu_threads_per_process", "1",
+        "--main_process_port", "0",
+        str(RUN_SCRIPT),
+        *tiny_run_argv(**data_paths, output_dir=ddp_dir, num_blocks=NUM_BLOCKS),
+        "--per_device_train_batch_size", str(GLOBAL_BATCH // 2),
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    single, ddp = read_summary(single_dir), read_summary(ddp_dir)
+    assert ddp["num_processes"] == 2 and "Num processes: 2" in ddp["accelerator_state"]
+    assert "MULTI_CPU" in ddp["accelerator_state"]
+    # Synchronised: both ranks end with bit-identical parameters.
+    assert len(ddp["replica_checksums"]) == 2 and ddp["replicas_in_sync"] is True
+    # Same global batch, same blocks per step: the same number of steps and the same curve.
+    assert ddp["global_batch_tokens"] == single["global_batch_tokens"]
+    assert ddp["max_steps"] == single["max_steps"] == NUM_STEPS
+    single_losses = logged_losses(single_dir / f"checkpoint-{NUM_STEPS}")
+    ddp_losses = logged_losses(ddp_dir / f"checkpoint-{NUM_STEPS}")
+    assert [step for step, _ in ddp_losses] == [step for step, _ in single_losses]
+    assert [loss for _, loss in ddp_losses] == pytest.approx(
+        [loss for _, loss in single_losses], abs=1e-3
+    )
+    assert ddp["eval_loss"] == pytest.approx(single["eval_loss"], abs=1e-3)
+    single_weights = load_file(single_dir / "final" / "model.safetensors")
+    ddp_weights = load_file(ddp_dir / "final" / "model.safetensors")
+    for name, weight in single_weights.items():
+        torch.testing.assert_close(ddp_weights[name], weight, atol=2e-4, rtol=1e-3)
+
+
+def test_processes_that_do_not_join_one_training_are_refused(data_paths, tmp_path):
+    # The trap the test above avoids: two CPU processes without use_cpu would each train alone.
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", "2", "--num_cpu_threads_per_process", "1",
+        "--main_process_port", "0", "--mixed_precision", "no",
+        str(RUN_SCRIPT),
+        *tiny_run_argv(**data_paths, output_dir=tmp_path / "run", num_blocks=NUM_BLOCKS),
+        "--use_cpu", "false",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode != 0
+    assert "did not join one training" in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,81 @@
+"""Model presets: shapes, vocabulary from the tokenizer, FLOPs per token, the 117M preset on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from common.cli import InputError
+from pretrain.model import (
+    PRESETS,
+    build_model,
+    build_model_config,
+    count_parameters,
+    flops_per_token,
+    round_vocab_size,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer_dir):
+    return AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "expected"), [(1, 128), (128, 128), (129, 256), (50257, 50304)]
+)
+def test_vocab_rounds_up_to_a_multiple_of_128(num_tokens, expected):
+    assert round_vocab_size(num_tokens) == expected
+
+
+def test_config_takes_vocabulary_and_special_ids_from_the_tokenizer(tokenizer):
+    config = build_model_config("tiny", tokenizer, block_size=64)
+    assert config.vocab_size == round_vocab_size(len(tokenizer)) >= len(tokenizer)
+    assert config.bos_token_id == config.eos_token_id == tokenizer.eos_token_id
+    assert config.pad_token_id == tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert config.resid_pdrop == config.embd_pdrop == config.attn_pdrop == 0.0
+    assert config._attn_implementation == "sdpa"
+
+
+def test_gpt2_117m_preset_has_the_published_shape():
+    preset = PRESETS["gpt2-117m"]
+    assert (preset.n_layer, preset.n_embd, preset.n_head, preset.n_positions) == (12, 768, 12, 1024)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"preset_name": "gpt3"}, "unknown model preset 'gpt3'; choose one of gpt2-117m, tiny"),
+        ({"block_size": 257}, "block_size 257 is longer than the 256 positions"),
+        ({"vocab_size": 100}, "smaller than the tokenizer's 512 tokens"),
+    ],
+)
+def test_shapes_that_cannot_work_are_refused(tokenizer, kwargs, message):
+    arguments = {"preset_name": "tiny", "block_size": 64, **kwargs}
+    with pytest.raises(InputError, match=message):
+        build_model_config(tokenizer=tokenizer, **arguments)
+
+
+def test_flops_per_token_follows_6n_plus_attention(tokenizer):
+    model = build_model(build_model_config("tiny", tokenizer, block_size=64))
+    n_layer, width, vocab, positions = 2, 64, 512, 256
+    # Per layer: attention 4 d^2 + 4 d, MLP 8 d^2 + 5 d, two LayerNorms 4 d; final LayerNorm 2 d.
+    matmul_params = vocab * width + n_layer * (12 * width**2 + 13 * width) + 2 * width
+    assert count_parameters(model, exclude_position_embeddings=True) == matmul_params
+    assert count_parameters(model) == matmul_params + positions * width
+    assert flops_per_token(model, 64) == 6 * matmul_params + 12 * n_layer * width * 64
+
+
+def test_gpt2_117m_builds_and_trains_one_step_on_cpu(tokenizer):
+    # GPT-2's own padded vocabulary (50,257 -> 50,304) gives nanoGPT's count for GPT-2 small.
+    config = build_model_config("gpt2-117m", tokenizer, block_size=128, vocab_size=50304)
+    torch.manual_seed(0)
+    model = build_model(config)
+    assert count_parameters(model) == 124_475_904
+    input_ids = torch.randint(0, len(tokenizer), (1, 128))
+    loss = model(input_ids=input_ids, labels=input_ids).loss
+    loss.backward()
+    # A random model predicts uniformly: loss near ln(50304) = 10.83.
+    assert 10.0 < loss.item() < 11.5
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

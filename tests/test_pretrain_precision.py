@@ -1,0 +1,45 @@
+"""Precision is decided once: the accelerate launcher, else our flags, else the hardware."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import TrainingArguments
+
+from common.cli import InputError
+from pretrain.precision import LAUNCHER_PRECISION_VARIABLE, resolve_precision
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU expectations")
+
+
+def cpu_arguments(tmp_path, **kwargs) -> TrainingArguments:
+    return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **kwargs)
+
+
+def test_cpu_without_any_setting_trains_in_fp32(tmp_path, monkeypatch):
+    monkeypatch.delenv(LAUNCHER_PRECISION_VARIABLE, raising=False)
+    choice = resolve_precision(cpu_arguments(tmp_path))
+    assert (choice.mixed_precision, choice.tf32) == ("no", False)
+    assert choice.source.startswith("automatic")
+
+
+def test_launcher_no_means_undecided_and_a_flag_decides(tmp_path, monkeypatch):
+    monkeypatch.setenv(LAUNCHER_PRECISION_VARIABLE, "no")  # what `accelerate launch` always sets
+    arguments = cpu_arguments(tmp_path, bf16=True)
+    choice = resolve_precision(arguments)
+    assert (choice.mixed_precision, choice.source) == ("bf16", "--bf16")
+    assert arguments.mixed_precision == "bf16" and arguments.bf16 and not arguments.fp16
+
+
+def test_the_accelerate_config_decides_when_it_names_a_precision(tmp_path, monkeypatch):
+    monkeypatch.setenv(LAUNCHER_PRECISION_VARIABLE, "fp16")
+    arguments = cpu_arguments(tmp_path)
+    choice = resolve_precision(arguments)
+    assert (choice.mixed_precision, choice.source) == ("fp16", "accelerate config")
+    assert arguments.fp16 and arguments.mixed_precision == "fp16"
+
+
+def test_two_different_precisions_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(LAUNCHER_PRECISION_VARIABLE, "bf16")
+    with pytest.raises(InputError, match="accelerate config says bf16 and the command line says"):
+        resolve_precision(cpu_arguments(tmp_path, fp16=True))
