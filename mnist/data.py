@@ -170,15 +170,20 @@ def download_mnist(data_dir: Path) -> None:
     try:
         MNIST(root=str(data_dir), train=True, download=True)
     except (RuntimeError, OSError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = str(err).splitlines()[0].rstrip(": ") if str(err) else type(err).__name__
         raise InputError(
-            f"could not download MNIST into {data_dir / 'MNIST' / 'raw'} ({reason}); without "
-            "network, copy the four IDX files there or into --data_dir yourself"
+            f"could not download MNIST into {data_dir / 'MNIST' / 'raw'} (torchvision: "
+            f"{reason}); without network, copy the four IDX files there or into --data_dir"
         ) from None
 
 
 def locate_idx_files(args: MnistArguments) -> dict[str, Path]:
     """Find the four IDX files, downloading them first when asked and needed."""
+    if args.data_dir is not None and not args.download and not Path(args.data_dir).is_dir():
+        raise InputError(
+            f"--data_dir {args.data_dir} is not a folder; pass the folder holding the MNIST "
+            "IDX files, add --download to fetch them there, or use --data_source sample"
+        )
     found, missing = find_idx_files(args)
     if missing and args.download:
         if args.data_dir is None:
