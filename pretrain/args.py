@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pretrain.loss import LOSS_IMPLEMENTATIONS
 from pretrain.model import PRESETS
 
 
@@ -41,6 +42,21 @@ class ModelArguments:
             "kernels on recent GPUs), 'eager', or 'flash_attention_2' if installed."
         },
     )
+    loss_implementation: str = field(
+        default="hf",
+        metadata={
+            "help": "Training loss: 'hf' (transformers' cross-entropy over the full fp32 logits) "
+            "or 'chunked' (the same value computed a few thousand positions at a time, "
+            "pretrain/loss.py: far less memory at large batch x vocabulary)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.loss_implementation not in LOSS_IMPLEMENTATIONS:
+            raise ValueError(
+                f"loss_implementation must be one of {', '.join(LOSS_IMPLEMENTATIONS)}, "
+                f"got '{self.loss_implementation}'"
+            )
 
 
 @dataclass

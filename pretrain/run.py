@@ -30,6 +30,7 @@ from pretrain.args import ModelArguments, ReportArguments
 from pretrain.callbacks import CheckpointOnSignalCallback, ThroughputCallback
 from pretrain.checkpoints import checkpoint_global_step, resolve_resume_checkpoint
 from pretrain.data import DataArguments, load_blocks, load_tokenizer, prepare_blocks, read_stats
+from pretrain.loss import use_chunked_loss
 from pretrain.model import build_model, build_model_config, count_parameters, flops_per_token
 from pretrain.precision import resolve_precision
 from pretrain.summary import (
@@ -120,6 +121,8 @@ def pretrain(
 
     set_seed(training_args.seed)  # the random initial weights are part of the experiment
     model = build_model(model_config)
+    if model_args.loss_implementation == "chunked":
+        use_chunked_loss(model)
     model_flops_per_token = flops_per_token(model, data_args.block_size)
     peak = (
         report_args.peak_tflops * 1e12
@@ -130,6 +133,9 @@ def pretrain(
     # transformers 5 takes TensorBoard's folder from this variable (logging_dir is gone).
     tensorboard_dir = output_dir / TENSORBOARD_DIR
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(tensorboard_dir)
+    # The run reports the validation loss only; keeping the logits would hold validation
+    # blocks x 1024 x vocabulary floats.
+    training_args.prediction_loss_only = True
     if "tensorboard" not in training_args.report_to:
         training_args.report_to = [*training_args.report_to, "tensorboard"]
     signal_callback = CheckpointOnSignalCallback()
@@ -212,7 +218,7 @@ def pretrain(
             "compile": training_args.torch_compile,
             "attn_implementation": model_config._attn_implementation,
             "fused_adamw": training_args.optim == "adamw_torch_fused",
-            "loss_implementation": "hf",
+            "loss_implementation": model_args.loss_implementation,
             "batch": training_args.per_device_train_batch_size,
             "grad_accum": training_args.gradient_accumulation_steps,
             "dataloader_num_workers": training_args.dataloader_num_workers,

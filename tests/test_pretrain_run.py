@@ -113,6 +113,21 @@ def test_final_model_loads_and_samples_text(tiny_run, capsys):
     assert text.startswith("The method") and len(text) > len("The method")
 
 
+def test_chunked_loss_trains_like_the_hf_loss(data_paths, tiny_run, tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    output_dir = tmp_path / "chunked"
+    argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS)
+    assert main([*argv, "--peak_tflops", "1", "--loss_implementation", "chunked"]) == 0
+    assert read_summary(output_dir)["speed_settings"]["loss_implementation"] == "chunked"
+    last = f"checkpoint-{NUM_BLOCKS // 4}"
+    chunked, reference = logged_losses(output_dir / last), logged_losses(tiny_run / last)
+    assert [step for step, _ in chunked] == [step for step, _ in reference]
+    assert [loss for _, loss in chunked] == pytest.approx([loss for _, loss in reference], abs=1e-3)
+    assert read_summary(output_dir)["eval_loss"] == pytest.approx(
+        read_summary(tiny_run)["eval_loss"], abs=1e-3
+    )
+
+
 def test_generate_without_a_model_is_one_line_error(tmp_path, capsys):
     assert generate.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
