@@ -138,7 +138,7 @@ def test_config_file_sets_defaults_and_flags_override():
         ["--config", str(TINY_CONFIG), "--learning_rate", "1.0e-4", "--block_size", "32"]
     )
     assert training.learning_rate == pytest.approx(1.0e-4)  # flag
-    assert training.per_device_train_batch_size == 8  # YAML
+    assert training.per_device_train_batch_size == 16  # YAML
     assert data.block_size == 32 and model.model_preset == "tiny"
     assert training.report_to == ["tensorboard"] and training.eval_strategy == "no"
 
