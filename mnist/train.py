@@ -68,17 +68,21 @@ def train_one_epoch(
     generator: torch.Generator | None = None,
     on_step: Callable[[Tensor, Tensor, float], None] | None = None,
     max_batches: int = -1,
+    progress: bool = True,
 ) -> tuple[float, float]:
     """One pass over `batches` (at most `max_batches` when positive); (mean loss, accuracy).
 
     `generator` turns on random distortions; `on_step(loss, batch_accuracy, learning_rate)`
     gets device tensors after every optimizer step, so that it alone decides when to sync.
+    `progress` shows a progress bar over the batches.
     """
     model.train()
     loss_sum = torch.zeros((), device=device)
     num_correct = torch.zeros((), device=device, dtype=torch.long)
     num_digits = 0
-    for batch_index, (images, labels) in enumerate(tqdm(batches, desc="train", leave=False)):
+    for batch_index, (images, labels) in enumerate(
+        tqdm(batches, desc="train", leave=False, disable=not progress)
+    ):
         if batch_index == max_batches:
             break
         images = images.to(device, non_blocking=True)
