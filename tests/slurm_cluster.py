@@ -62,10 +62,44 @@ class LocalCluster:
         """The PIDs the cluster script recorded for munged, slurmctld and each slurmd."""
         return [int(path.read_text()) for path in (self.folder / "run").glob("*.pid")]
 
-    def jobs(self) -> list[str]:
-        """Ids of the jobs the controller still knows (pending, running or just finished)."""
-        result = self.run(["squeue", "--noheader", "--format=%i"])
+    def jobs(self, name: str | None = None) -> list[str]:
+        """Ids of the jobs (named NAME) the controller still knows: pending, running or just
+        finished."""
+        name_filter = [f"--name={name}"] if name else []
+        result = self.run(["squeue", "--noheader", "--format=%i", *name_filter])
         return result.stdout.split()
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job` as a dict (JobState, Restarts, TimeLimit, ...); empty once purged."""
+        result = self.run(["scontrol", "--oneliner", "show", "job", job_id])
+        if result.returncode != 0:
+            return {}
+        return dict(field.split("=", 1) for field in result.stdout.split() if "=" in field)
+
+
+def find_processes(program: str, *words: str) -> list[int]:
+    """PIDs of the processes running PROGRAM (the name of argv[0]) with all of WORDS among
+    their arguments."""
+    pids = []
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            argv = (proc_dir / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # ended meanwhile
+        if Path(argv[0]).name == program and all(word in argv for word in words):
+            pids.append(int(proc_dir.name))
+    return pids
+
+
+def pending_signals(pid: int) -> set[int]:
+    """Signals sent to PID but not yet delivered (a stopped process keeps them pending)."""
+    pending = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            pending |= int(line.split()[1], 16)
+    return {signum for signum in range(1, 65) if pending & (1 << (signum - 1))}
 
 
 def is_running(pid: int) -> bool:

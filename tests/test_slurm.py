@@ -7,19 +7,30 @@ installed, every test here is skipped with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+from pretrain_runs import BLOCK_SIZE, TINY_CONFIG, read_summary
+from safetensors.torch import load_file
 from slurm_cluster import (
     REPO_ROOT,
     LocalCluster,
+    find_processes,
     is_running,
     local_cluster,
     missing_requirements,
+    pending_signals,
 )
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 SLURM_SCRIPTS = REPO_ROOT / "scripts" / "slurm"
 
@@ -139,3 +150,173 @@ def test_mnist_lenet5_on_debug_partition_writes_test_accuracy(
     # The job got the partition's (fake) GPU, which CUDA cannot use: the CPU fallback.
     assert "partition debug, GPUs: 0" in job_log
     assert metrics["device"] == "cpu"
+
+
+# --- GPT-2 pretraining: the tiny preset, 96 blocks of 64 tokens, 24 steps of 4 blocks --------
+
+PRETRAIN_STEPS = 24
+GLOBAL_BATCH = 4  # blocks per optimizer step over all processes, as the one-process run's
+
+
+@pytest.fixture(scope="module")
+def pretrain_flags(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory) -> list[str]:
+    """pretrain/run.py flags on the test corpus; the scripts add --config and --output_dir."""
+    return [
+        *("--corpus", str(wos_corpus_dir), "--tokenizer_dir", str(tiny_tokenizer_dir)),
+        *("--cache_dir", str(tmp_path_factory.mktemp("pretrain_cache"))),
+        *("--block_size", str(BLOCK_SIZE)),
+        *("--max_train_tokens", str(PRETRAIN_STEPS * GLOBAL_BATCH * BLOCK_SIZE)),
+        *("--logging_steps", "2", "--final_loss_window", "3", "--disable_tqdm", "true"),
+    ]
+
+
+def pretrain_env(output_dir: Path) -> dict[str, str]:
+    """The variables the pretrain_*.sbatch scripts read, for a tiny CPU run."""
+    return {
+        "CONFIG": str(TINY_CONFIG),
+        "OUTPUT_DIR": str(output_dir),
+        "GLOBAL_BATCH": str(GLOBAL_BATCH),
+        "OMP_NUM_THREADS": "1",  # all emulated nodes share this machine's cores
+    }
+
+
+def scalar_steps(tensorboard_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of TAG as TensorBoard shows it: over all event files, later runs
+    replacing the steps an interrupted run wrote past its checkpoint (purge_step)."""
+    if not tensorboard_dir.is_dir():
+        return []
+    events = EventAccumulator(str(tensorboard_dir))
+    events.Reload()
+    if tag not in events.Tags()["scalars"]:
+        return []
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
+def assert_same_parameters(run_dir: Path, reference_run_dir: Path) -> None:
+    """The two runs' final models agree, up to floating-point summation order."""
+    parameters = load_file(run_dir / "final" / "model.safetensors")
+    reference = load_file(reference_run_dir / "final" / "model.safetensors")
+    assert parameters.keys() == reference.keys()
+    for name, parameter in parameters.items():
+        torch.testing.assert_close(parameter, reference[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.fixture(scope="module")
+def single_node_run(cluster: LocalCluster, pretrain_flags, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("pretrain_single") / "run"
+    submit_and_wait(
+        cluster,
+        SLURM_SCRIPTS / "pretrain_single_gpu.sbatch",
+        run_dir.with_suffix(".out"),
+        *pretrain_flags,
+        **pretrain_env(run_dir),
+    )
+    return run_dir
+
+
+def test_pretrain_one_node_writes_summary_and_loss_falls(single_node_run: Path) -> None:
+    summary = read_summary(single_node_run)
+    assert summary["num_processes"] == 1
+    assert summary["global_step"] == summary["max_steps"] == PRETRAIN_STEPS
+    first_step, first_loss = scalar_steps(single_node_run / "tensorboard", "train/loss")[0]
+    assert first_step == 1
+    assert summary["final_loss"] < first_loss - 0.3, (first_loss, summary["final_loss"])
+
+
+def test_pretrain_two_nodes_stay_in_sync_and_match_one_process(
+    cluster: LocalCluster, pretrain_flags, single_node_run: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    job_log = submit_and_wait(
+        cluster,
+        SLURM_SCRIPTS / "pretrain_multi_node.sbatch",
+        tmp_path / "run.out",
+        *pretrain_flags,
+        sbatch_options=("--nodes=2",),
+        **pretrain_env(run_dir),
+    )
+    # One launcher per node (rank from SLURM_PROCID), meeting on the first node.
+    assert "2 nodes x 1 processes x 2 blocks, rendezvous 127.0.0.2:" in job_log
+    assert "Process index: 0" in job_log and "Process index: 1" in job_log
+    summary = read_summary(run_dir)
+    assert summary["num_processes"] == 2
+    assert summary["global_step"] == PRETRAIN_STEPS
+    # Every rank ends with the same parameters: the gradients were really all-reduced.
+    first_rank, second_rank = summary["replica_checksums"]
+    assert first_rank == second_rank
+    # The same global batch on one process gives the same model, up to summation order.
+    reference = read_summary(single_node_run)
+    assert summary["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-4)
+    assert summary["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-4)
+    assert_same_parameters(run_dir, single_node_run)
+
+
+def test_pretrain_time_limit_checkpoints_requeues_and_resumes(
+    cluster: LocalCluster, pretrain_flags, single_node_run: Path, tmp_path: Path
+) -> None:
+    """The script's `--signal=B:USR1@90` reaches a job mid-training: it saves a checkpoint,
+    requeues itself, and the next start resumes and finishes the planned steps.
+
+    Slurm checks time limits every 30 s, so when the signal lands is not ours to choose; a tiny
+    run would be over long before. The test therefore pauses training (SIGSTOP) after its first
+    steps, cuts the job's time limit so that the signal falls due now, and lets training go on
+    once the signal is pending on it. The requeued job gets a full slot back.
+    """
+    run_dir = tmp_path / "run"
+    script = SLURM_SCRIPTS / "pretrain_single_gpu.sbatch"
+    sbatch = subprocess.Popen(
+        # 3 minutes: the 90 s warning cannot fall due before the test pauses the run.
+        ["sbatch", "--wait", "--time=3", f"--output={tmp_path / 'run.out'}", str(script),
+         *pretrain_flags],
+        cwd=REPO_ROOT,
+        env={**cluster.env, **pretrain_env(run_dir)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    trainer_pids: list[int] = []
+    try:
+        wait_until(lambda: cluster.jobs(name="gpt2-pretrain"), "the job to be submitted")
+        (job_id,) = cluster.jobs(name="gpt2-pretrain")
+        wait_until(lambda: scalar_steps(run_dir / "tensorboard", "train/loss"), "a first step")
+        trainer_pids = find_processes("python", "pretrain/run.py", str(run_dir))
+        assert len(trainer_pids) == 1, trainer_pids
+        os.kill(trainer_pids[0], signal.SIGSTOP)
+        # 2 minutes with a warning 90 s before the end: due within Slurm's next check.
+        updated = cluster.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=2"])
+        assert updated.returncode == 0, updated.stderr
+        wait_until(
+            lambda: signal.SIGUSR1 in pending_signals(trainer_pids[0]),
+            "SIGUSR1 to reach the training process",
+        )
+        os.kill(trainer_pids[0], signal.SIGCONT)
+        wait_until(lambda: cluster.job_fields(job_id).get("Restarts") == "1", "the job to requeue")
+        updated = cluster.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=5"])
+        assert updated.returncode == 0, updated.stderr
+        stdout, stderr = sbatch.communicate(timeout=240)
+    finally:
+        for pid in trainer_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if sbatch.poll() is None:
+            sbatch.kill()
+    job_log = (tmp_path / "run.out").read_text()
+    assert sbatch.returncode == 0, f"{stderr}\njob log:\n{job_log}"
+
+    # The first start saved a checkpoint when signalled; the second one resumed from it.
+    assert job_log.count("time limit near") == 1
+    assert "(restart 1)" in job_log
+    stopped = re.search(r"stopped by SIGUSR1 at step (\d+) of (\d+)", job_log)
+    assert stopped is not None, job_log
+    stopped_at_step = int(stopped[1])
+    assert 0 < stopped_at_step < PRETRAIN_STEPS == int(stopped[2])
+    summary = read_summary(run_dir)
+    assert summary["resumed_from_step"] == stopped_at_step
+    assert summary["global_step"] == summary["max_steps"] == PRETRAIN_STEPS
+    # One continuous loss curve over both starts: every logged step once, in order.
+    curve = scalar_steps(run_dir / "tensorboard", "train/loss")
+    assert [step for step, _ in curve] == [1, *range(2, PRETRAIN_STEPS + 1, 2)]
+    # Resuming changes nothing: the same model as the uninterrupted run's (same data order,
+    # same optimizer state). Logged losses may differ where a logging window spans the stop.
+    assert summary["eval_loss"] == pytest.approx(read_summary(single_node_run)["eval_loss"])
+    assert_same_parameters(run_dir, single_node_run)

@@ -138,6 +138,9 @@ MailProg=/bin/true
 EnforcePartLimits=ALL
 # Finished jobs are forgotten after 4 s, so \`sbatch --wait\` returns quickly; lower loses exit codes.
 MinJobAge=4
+# Pending jobs that become eligible without an event (a requeued job after its credential
+# expired) wait for the next scheduling pass: every 2 s here instead of every 60 s.
+SchedulerParameters=sched_interval=2,bf_interval=2
 StateSaveLocation=$DIR/state
 SlurmctldPidFile=$DIR/run/slurmctld.pid.slurm
 SlurmctldLogFile=$DIR/log/slurmctld.log
