@@ -190,9 +190,19 @@ def mapping_table(runs: Sequence[RunRecord], key: str, label_prefix: str = "") -
 
 # ---------------------------------------------------------------- figures
 
+# A curve figure: file name, caption, panels.
+FigureSpec = tuple[str, str, tuple[Panel, ...]]
 
-def gpt_figures(runs: Sequence[RunRecord]) -> list[tuple[str, str, tuple[Panel, ...]]]:
-    """(file, caption, panels) of the pretraining figures."""
+GPU_CAPTION = "GPU utilisation, memory and power over time (NVML samples)"
+GPU_PANELS = (
+    Panel("GPU utilisation", "%", (Curve("gpu/utilization_percent"),), time_axis=True),
+    Panel("GPU memory in use", "GiB", (Curve("gpu/memory_used_gib"),), time_axis=True),
+    Panel("GPU power", "W", (Curve("gpu/power_watts"),), time_axis=True),
+)
+
+
+def gpt_figures(runs: Sequence[RunRecord]) -> list[FigureSpec]:
+    """The pretraining figures; the threshold line is the runs' own (the course's 7 by default)."""
     threshold = next(
         (
             r.summary["loss_threshold"]
@@ -236,55 +246,39 @@ def gpt_figures(runs: Sequence[RunRecord]) -> list[tuple[str, str, tuple[Panel, 
                 Panel("MFU", "fraction of peak FLOP/s", (Curve("perf/mfu"),)),
             ),
         ),
-        ("gpt_gpu.png", "GPU utilisation, memory and power (NVML)", GPU_PANELS),
+        ("gpt_gpu.png", GPU_CAPTION, GPU_PANELS),
     ]
 
 
-GPU_PANELS = (
-    Panel("GPU utilisation", "%", (Curve("gpu/utilization_percent"),), time_axis=True),
-    Panel("GPU memory in use", "GiB", (Curve("gpu/memory_used_gib"),), time_axis=True),
-    Panel("GPU power", "W", (Curve("gpu/power_watts"),), time_axis=True),
-)
+def mnist_metric_figure(metric: str, tag_suffix: str) -> FigureSpec:
+    """Loss or accuracy of LeNet-5: per logged step, and per epoch for training and validation."""
+    return (
+        f"mnist_{metric}.png",
+        f"LeNet-5 {metric}: per logged step while training; per epoch on the training and "
+        "validation sets, at the step each epoch ended",
+        (
+            Panel(f"{metric} per step", metric, (Curve(f"train/{tag_suffix}", smoothed=True),)),
+            Panel(
+                f"{metric} per epoch",
+                metric,
+                (
+                    Curve(f"epoch/train_{tag_suffix}", "train", marker="o"),
+                    Curve(f"val/{tag_suffix}", "validation", style="--", marker="s"),
+                ),
+            ),
+        ),
+    )
 
-MNIST_FIGURES = [
-    (
-        "mnist_loss.png",
-        "LeNet-5 loss: per logged step while training; per epoch on the training and "
-        "validation sets, at the step each epoch ended",
-        (
-            Panel("loss per step", "cross-entropy", (Curve("train/loss", smoothed=True),)),
-            Panel(
-                "loss per epoch",
-                "cross-entropy",
-                (
-                    Curve("epoch/train_loss", "train", marker="o"),
-                    Curve("val/loss", "validation", style="--", marker="s"),
-                ),
-            ),
-        ),
-    ),
-    (
-        "mnist_accuracy.png",
-        "LeNet-5 accuracy: per logged step while training; per epoch on the training and "
-        "validation sets, at the step each epoch ended",
-        (
-            Panel("accuracy per step", "accuracy", (Curve("train/acc", smoothed=True),)),
-            Panel(
-                "accuracy per epoch",
-                "accuracy",
-                (
-                    Curve("epoch/train_acc", "train", marker="o"),
-                    Curve("val/acc", "validation", style="--", marker="s"),
-                ),
-            ),
-        ),
-    ),
+
+MNIST_FIGURES: list[FigureSpec] = [
+    mnist_metric_figure("loss", "loss"),
+    mnist_metric_figure("accuracy", "acc"),
     (
         "mnist_learning_rate.png",
         "Learning rate",
         (Panel("learning rate", "learning rate", (Curve("train/learning_rate"),)),),
     ),
-    ("mnist_gpu.png", "GPU utilisation, memory and power (NVML)", GPU_PANELS),
+    ("mnist_gpu.png", GPU_CAPTION, GPU_PANELS),
 ]
 
 FEATURE_MAP_TAGS = ("feature_maps/conv1", "feature_maps/conv2")
@@ -295,7 +289,7 @@ def figure_lines(path: Path, caption: str) -> list[str]:
 
 
 def curve_section(
-    runs: Sequence[RunRecord], figures: Sequence[tuple[str, str, tuple[Panel, ...]]], out_dir: Path
+    runs: Sequence[RunRecord], figures: Sequence[FigureSpec], out_dir: Path
 ) -> list[str]:
     lines: list[str] = []
     for file_name, caption, panels in figures:
