@@ -8,8 +8,10 @@
 #   OUTPUT_DIR=runs/gpt2_117m-<job id>       run folder; a requeued job keeps its id and resumes
 #   MIXED_PRECISION=no             bf16 | fp16 | no; "no" lets pretrain/run.py choose from the
 #                                  GPU (bf16 on Ampere and newer, fp16 before, fp32 on CPU)
-#   GLOBAL_BATCH=64                blocks per optimizer step over all processes (the course
-#                                  recipe); the per-process batch is derived from it
+#   GLOBAL_BATCH=<from CONFIG>     blocks per optimizer step over all processes; by default
+#                                  the config's per_device_train_batch_size x
+#                                  gradient_accumulation_steps (its recipe, written for one
+#                                  process), split evenly over the processes
 
 # sbatch runs a copy of the script from a spool folder: paths are relative to where it was
 # submitted.
@@ -21,7 +23,12 @@ fi
 CONFIG="${CONFIG:-pretrain/configs/gpt2_117m.yaml}"
 OUTPUT_DIR="${OUTPUT_DIR:-runs/gpt2_117m-${SLURM_JOB_ID:-local}}"
 MIXED_PRECISION="${MIXED_PRECISION:-no}"
-GLOBAL_BATCH="${GLOBAL_BATCH:-64}"
+# The recipe's global batch, read from the config (TrainingArguments' defaults: 8 x 1).
+config_global_batch() {
+    "$PYTHON" -c 'import sys, yaml
+config = yaml.safe_load(open(sys.argv[1])) or {}
+print(config.get("per_device_train_batch_size", 8) * config.get("gradient_accumulation_steps", 1))' "$CONFIG"
+}
 # srun does not inherit --cpus-per-task since Slurm 22.05.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 # torchrun (behind `accelerate launch --multi_gpu`) forwards only these signals to the training
@@ -43,6 +50,7 @@ gpus_on_node() {
 # Per-process batch for GLOBAL_BATCH blocks over $1 processes (no gradient accumulation).
 per_process_batch() {
     local processes=$1
+    GLOBAL_BATCH="${GLOBAL_BATCH:-$(config_global_batch)}"
     if ((GLOBAL_BATCH % processes != 0)); then
         echo "error: GLOBAL_BATCH=$GLOBAL_BATCH is not divisible by $processes processes" >&2
         exit 2
