@@ -104,9 +104,12 @@ def pending_signals(pid: int) -> set[int]:
 
 def is_running(pid: int) -> bool:
     """True while PID is a live process; a zombie waiting to be reaped counts as gone."""
-    result = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
-    state = result.stdout.strip()
-    return bool(state) and not state.startswith("Z")
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rpartition(")")[2].split()[0]  # "PID (COMM) STATE ..."
+    return state != "Z"
 
 
 @contextlib.contextmanager

@@ -74,9 +74,14 @@ EOF
 # True while PID is a live process named NAME (a zombie waiting to be reaped counts as gone; the
 # name check keeps a stale PID file from hitting an unrelated process that reused the PID).
 is_running() {
-    local pid="$1" name="$2" stat comm
-    read -r stat comm < <(ps -o stat=,comm= -p "$pid" 2>/dev/null) || return 1
-    [[ "$stat" != Z* && "$comm" == "$name" ]]
+    local pid="$1" name="$2" stat comm state
+    stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || return 1
+    # /proc/PID/stat reads "PID (COMM) STATE ...".
+    comm="${stat#*(}"
+    comm="${comm%%)*}"
+    state="${stat##*) }"
+    state="${state%% *}"
+    [[ "$state" != Z && "$comm" == "$name" ]]
 }
 
 # The daemon a PID file records: run/slurmd-127.0.0.2.pid -> slurmd.
@@ -187,7 +192,8 @@ cluster_up() {
         --seed-file="$DIR/munge/munged.seed"
     wait_for "munged's socket" test -S "$DIR/munge/munge.socket"
 
-    start_daemon slurmctld slurmctld -D -i -f "$SLURM_CONF"
+    # -c: a fresh start, whatever state an earlier cluster in this folder left.
+    start_daemon slurmctld slurmctld -D -c -f "$SLURM_CONF"
     for node in $(node_names); do
         start_daemon "slurmd-$node" slurmd -D -N "$node" -f "$SLURM_CONF"
     done
