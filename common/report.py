@@ -42,7 +42,7 @@ MISSING = "n/a"
 
 
 @dataclass
-class ReportArguments:
+class RunReportArguments:
     out: str = field(
         default="report", metadata={"help": "Folder to write report.md and figures to."}
     )
@@ -392,10 +392,10 @@ def write_report(
         raise InputError("no run folder given; pass one or more run folders")
     if tensorboard_screenshot:
         chromium = find_chromium(chromium)
-    runs = [load_run(run_dir) for run_dir in run_dirs]
-    unique_run_names(runs)
     out_dir = Path(out_dir)
     with atomic_dir(out_dir, overwrite=overwrite) as staging:
+        runs = [load_run(run_dir) for run_dir in run_dirs]
+        unique_run_names(runs)
         extra_notes = []
         screenshot_lines: list[str] = []
         if tensorboard_screenshot and not any(run.scalars for run in runs):
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import HfArgumentParser  # slow to import; only the command line needs it
 
     parser = HfArgumentParser(
-        [ReportArguments],
+        [RunReportArguments],
         prog="python -m common.report",
         description="Figures and a Markdown report (report.md) from one or more run folders.",
     )
