@@ -65,7 +65,7 @@ class MnistArguments:
     lr_schedule: Literal["onecycle", "constant"] = field(
         default="onecycle",
         metadata={
-            "help": "onecycle: warm up to --learning_rate over the first 30% of steps, then "
+            "help": "onecycle: warm up to --learning_rate over the first 30%% of steps, then "
             "anneal to ~0; constant: --learning_rate throughout."
         },
     )

@@ -1,7 +1,7 @@
 """Train LeNet-5 on MNIST with a plain PyTorch loop.
 
     python -m mnist.train                                  # embedded 5k sample, CPU, ~1 minute
-    python -m mnist.train --data_dir data/mnist --epochs 20 --on_device_data true   # full MNIST
+    python -m mnist.train --data_dir data/mnist --on_device_data true   # full MNIST (IDX files)
 
 Writes <output_dir>/metrics.json, model.pt and TensorBoard logs (tensorboard/).
 """

@@ -154,3 +154,13 @@ def test_same_seed_same_weights(tmp_path):
         assert train_main(argv) == 0
         runs.append(torch.load(tmp_path / name / MODEL_FILE))
     assert all(torch.equal(runs[0][key], runs[1][key]) for key in runs[0])
+
+
+@pytest.mark.parametrize("main", [train_main, train_lightning_main], ids=["pytorch", "lightning"])
+def test_help_lists_the_shared_flags(main, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    for flag in ("--data_dir", "--download", "--on_device_data", "--max_steps", "--config"):
+        assert flag in help_text
