@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -320,3 +321,24 @@ def test_pretrain_time_limit_checkpoints_requeues_and_resumes(
     # same optimizer state). Logged losses may differ where a logging window spans the stop.
     assert summary["eval_loss"] == pytest.approx(read_summary(single_node_run)["eval_loss"])
     assert_same_parameters(run_dir, single_node_run)
+
+
+def test_pretrain_signal_before_training_fails_instead_of_requeueing_forever(
+    cluster: LocalCluster, pretrain_flags, tmp_path: Path
+) -> None:
+    # A 1-minute limit puts the 90 s warning before start-up has ended: the step dies without a
+    # checkpoint, and a requeue would only repeat that.
+    slow_python = tmp_path / "slow_python"
+    slow_python.write_text(f'#!/bin/sh\nsleep 90\nexec {sys.executable} "$@"\n')
+    slow_python.chmod(0o755)
+    run_dir = tmp_path / "run"
+    submitted = cluster.run(
+        ["sbatch", "--wait", "--time=1", f"--output={tmp_path / 'run.out'}",
+         str(SLURM_SCRIPTS / "pretrain_single_gpu.sbatch"), *pretrain_flags],
+        timeout=240,
+        **{**pretrain_env(run_dir), "PYTHON": str(slow_python)},
+    )  # fmt: skip
+    job_log = (tmp_path / "run.out").read_text()
+    assert submitted.returncode == 1, job_log
+    assert "saved no new checkpoint, so job" in job_log
+    assert "(restart 1)" not in job_log

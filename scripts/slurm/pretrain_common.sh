@@ -64,6 +64,7 @@ per_process_batch() {
 # (same job id, same OUTPUT_DIR) and let the next start resume from that checkpoint.
 run_step_with_requeue() {
     step_pid=""
+    checkpoint_at_start="$(newest_checkpoint)"
     trap checkpoint_and_requeue USR1  # before the step starts: an early signal must not kill us
     "$@" &
     step_pid=$!
@@ -80,9 +81,28 @@ checkpoint_and_requeue() {
         kill -USR1 "$step_pid" 2>/dev/null || true
         wait "$step_pid" || status=$?
     fi
+    # A signal that arrives before training has begun (a time limit shorter than start-up plus
+    # the warning) kills the step before it can save: requeueing would repeat that forever.
+    if [[ "$(newest_checkpoint)" == "$checkpoint_at_start" ]]; then
+        echo "$(date +%T) error: training step ended with status $status and saved no new" \
+            "checkpoint, so job $SLURM_JOB_ID is not requeued; give it a longer time limit (-t)" >&2
+        exit 1
+    fi
     echo "$(date +%T) training step ended with status $status; requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
+}
+
+# The run folder's checkpoint with the highest step (empty when there is none).
+newest_checkpoint() {
+    local checkpoint step newest="" newest_step=-1
+    for checkpoint in "$OUTPUT_DIR"/checkpoint-*; do
+        step="${checkpoint##*-}"
+        if [[ -d "$checkpoint" && "$step" =~ ^[0-9]+$ ]] && ((step > newest_step)); then
+            newest="$checkpoint" newest_step="$step"
+        fi
+    done
+    echo "$newest"
 }
 
 report_run_folder() {
