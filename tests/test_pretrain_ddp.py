@@ -12,7 +12,9 @@ from pretrain_runs import (
     REPO_ROOT,
     RUN_SCRIPT,
     logged_losses,
+    one_torch_thread,
     read_summary,
+    shared_data_paths,
     subprocess_env,
     tiny_run_argv,
 )
@@ -28,21 +30,13 @@ CPU_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu.yaml"
 
 @pytest.fixture
 def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
-    return {
-        "corpus_dir": wos_corpus_dir,
-        "tokenizer_dir": tiny_tokenizer_dir,
-        "cache_dir": tmp_path_factory.getbasetemp() / "pretrain_cache",
-    }
+    return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
 
 
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_paths, tmp_path):
     single_dir, ddp_dir = tmp_path / "single", tmp_path / "ddp"
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         assert main(tiny_run_argv(**data_paths, output_dir=single_dir, num_blocks=NUM_BLOCKS)) == 0
-    finally:
-        torch.set_num_threads(previous_threads)
 
     # --multi_gpu picks the launcher that starts several processes (torchrun); use_cpu (set in
     # tiny.yaml) keeps them on gloo; without either, accelerate would start one process, or two

@@ -9,11 +9,12 @@ import threading
 import time
 
 import pytest
-import torch
 from pretrain_runs import (
     logged_losses,
+    one_torch_thread,
     read_summary,
     run_script_command,
+    shared_data_paths,
     subprocess_env,
     tiny_run_argv,
 )
@@ -31,19 +32,13 @@ POLL_SECONDS = 0.02
 
 @pytest.fixture
 def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture
 def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
-    return {
-        "corpus_dir": wos_corpus_dir,
-        "tokenizer_dir": tiny_tokenizer_dir,
-        "cache_dir": tmp_path_factory.getbasetemp() / "pretrain_cache",
-    }
+    return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
 
 
 def make_checkpoint(output_dir, step, complete=True):

@@ -6,8 +6,15 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
-from pretrain_runs import BLOCK_SIZE, TINY_CONFIG, logged_losses, read_summary, tiny_run_argv
+from pretrain_runs import (
+    BLOCK_SIZE,
+    TINY_CONFIG,
+    logged_losses,
+    one_torch_thread,
+    read_summary,
+    shared_data_paths,
+    tiny_run_argv,
+)
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
@@ -21,21 +28,13 @@ GPT2_CONFIG = TINY_CONFIG.with_name("gpt2_117m.yaml")
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """One torch thread: on the shared 2-core CI machine more threads make steps much slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
 def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
-    """Corpus, tokenizer and a cache folder shared by every pretraining test of the session."""
-    return {
-        "corpus_dir": wos_corpus_dir,
-        "tokenizer_dir": tiny_tokenizer_dir,
-        "cache_dir": tmp_path_factory.getbasetemp() / "pretrain_cache",
-    }
+    return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
