@@ -72,9 +72,7 @@ class GpuSampler:
 
             pynvml.nvmlInit()
             index = torch.cuda.current_device() if device_index is None else device_index
-            # NVML numbers GPUs physically, CUDA after CUDA_VISIBLE_DEVICES: match by UUID.
-            uuid = torch.cuda.get_device_properties(index).uuid
-            self._handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            self._handle = _nvml_handle(pynvml, torch.cuda.get_device_properties(index))
             self._nvml = pynvml
         except Exception as err:  # NVML missing or too old: sampling is optional
             logger.warning("GPU sampling disabled: NVML unavailable (%s)", err)
@@ -102,6 +100,20 @@ class GpuSampler:
             "gpu/memory_used_gib": memory.used / 2**30,
             "gpu/power_watts": power_milliwatts / 1000.0,
         }
+
+
+def _nvml_handle(pynvml, properties):
+    """NVML's handle for a CUDA device. NVML numbers GPUs physically, CUDA after
+    CUDA_VISIBLE_DEVICES, so match by UUID, else by PCI address."""
+    uuid = str(properties.uuid)
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except pynvml.NVMLError:
+        bus_id = (
+            f"{properties.pci_domain_id:08x}:{properties.pci_bus_id:02x}:"
+            f"{properties.pci_device_id:02x}.0"
+        )
+        return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
 
 
 def write_nvidia_smi_snapshot(path: str | Path) -> bool:
