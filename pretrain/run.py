@@ -46,6 +46,7 @@ from pretrain.training import (
     find_tensorboard_callback,
     global_batch_blocks,
     parameter_checksum,
+    tensorboard_logging_dir,
     tokens_seen,
 )
 
@@ -130,24 +131,23 @@ def pretrain(
         else peak_flops_per_second(torch_device_name(training_args))
     )
 
-    # transformers 5 takes TensorBoard's folder from this variable (logging_dir is gone).
     tensorboard_dir = output_dir / TENSORBOARD_DIR
-    os.environ["TENSORBOARD_LOGGING_DIR"] = str(tensorboard_dir)
     # The run reports the validation loss only; keeping the logits would hold validation
     # blocks x 1024 x vocabulary floats.
     training_args.prediction_loss_only = True
     if "tensorboard" not in training_args.report_to:
         training_args.report_to = [*training_args.report_to, "tensorboard"]
     signal_callback = CheckpointOnSignalCallback()
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=blocks["train"],
-        eval_dataset=blocks["validation"] if len(blocks["validation"]) else None,
-        data_collator=collate_blocks,
-        processing_class=tokenizer,
-        callbacks=[signal_callback],
-    )
+    with tensorboard_logging_dir(tensorboard_dir):
+        trainer = Trainer(
+            model=model,
+            args=training_args,
+            train_dataset=blocks["train"],
+            eval_dataset=blocks["validation"] if len(blocks["validation"]) else None,
+            data_collator=collate_blocks,
+            processing_class=tokenizer,
+            callbacks=[signal_callback],
+        )
     tensorboard = find_tensorboard_callback(trainer)
     throughput = ThroughputCallback(
         tensorboard,

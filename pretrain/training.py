@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,24 @@ def derive_max_steps(num_train_blocks: int, batch_blocks: int, requested_max_ste
 def tokens_seen(step: int, batch_blocks: int, num_train_blocks: int, block_size: int) -> int:
     """Training tokens consumed after `step` optimizer steps (the last step may be partial)."""
     return min(step * batch_blocks, num_train_blocks) * block_size
+
+
+@contextmanager
+def tensorboard_logging_dir(log_dir: Path) -> Iterator[None]:
+    """While Trainer is created, point its TensorBoard callback at `log_dir`.
+
+    transformers 5 takes the folder from TENSORBOARD_LOGGING_DIR (`logging_dir` is gone); the
+    callback reads it once, in its constructor, so the variable is restored afterwards.
+    """
+    previous = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(log_dir)
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TENSORBOARD_LOGGING_DIR"]
+        else:
+            os.environ["TENSORBOARD_LOGGING_DIR"] = previous
 
 
 def find_tensorboard_callback(trainer: Trainer) -> TensorBoardCallback | None:
