@@ -170,8 +170,8 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments) -> Pa
     unfinished = sorted(cache_root.glob(f".{CACHE_FOLDER_PREFIX}-*.tmp-*"))
     if unfinished:
         logger.warning(
-            "ignoring %d unfinished cache folder(s) left by interrupted builds (%s); "
-            "delete them to free the space",
+            "ignoring %d unfinished cache folder(s) (%s): left by interrupted builds, or "
+            "being written by a build still running; delete them once none runs",
             len(unfinished),
             ", ".join(path.name for path in unfinished),
         )
