@@ -1,6 +1,6 @@
 """The shipped sbatch scripts, submitted for real to a throw-away Slurm cluster on this machine.
 
-The cluster (scripts/slurm/local_cluster.sh) has two emulated nodes with one fake GPU each and
+The cluster (scripts/slurm/local_cluster.sh) has two emulated nodes with two fake GPUs each and
 the course cluster's partitions: debug (5 min) and normal (20 min). Where Slurm is not
 installed, every test here is skipped with the reason.
 """
