@@ -117,11 +117,16 @@ def apply_config_defaults(
     parser: argparse.ArgumentParser, config: dict[str, Any], source: str | Path
 ) -> None:
     """Make the config file's values the parser's defaults (and no longer required)."""
-    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
+    # A bool field that defaults to True has two actions (--x and --no_x) with one dest.
+    actions_by_dest: dict[str, list[argparse.Action]] = {}
+    for action in parser._actions:
+        if action.dest not in ("help", "config"):
+            actions_by_dest.setdefault(action.dest, []).append(action)
     for key, value in config.items():
-        if key not in actions or key == "config":
-            close = difflib.get_close_matches(key, list(actions), n=1)
+        if key not in actions_by_dest:
+            close = difflib.get_close_matches(key, list(actions_by_dest), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise InputError(f"unknown option '{key}' in config file {source}{hint}")
-        actions[key].required = False
-        actions[key].default = value
+        for action in actions_by_dest[key]:
+            action.required = False
+        parser.set_defaults(**{key: value})

@@ -13,6 +13,7 @@ class ExampleArguments:
     learning_rate: float = field(default=1.0e-3, metadata={"help": "Peak learning rate."})
     name: str = field(default="run", metadata={"help": "Run name."})
     data_dir: str = field(metadata={"help": "Where the data is."}, default=None)
+    shuffle: bool = field(default=True, metadata={"help": "Shuffle the data."})
 
 
 def write(tmp_path, name, text):
@@ -26,6 +27,14 @@ def test_yaml_sets_defaults_and_flags_override(tmp_path):
     (args,) = parse_args([ExampleArguments], ["--config", config, "--name", "from_cli"])
     assert args.learning_rate == pytest.approx(6.0e-4)
     assert args.name == "from_cli"
+
+
+def test_yaml_turns_off_a_bool_that_defaults_to_true(tmp_path):
+    config = write(tmp_path, "c.yaml", "shuffle: false\n")
+    (args,) = parse_args([ExampleArguments], ["--config", config])
+    assert args.shuffle is False
+    (args,) = parse_args([ExampleArguments], ["--config", config, "--shuffle", "true"])
+    assert args.shuffle is True
 
 
 def test_json_config_is_accepted(tmp_path):
