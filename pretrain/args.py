@@ -51,6 +51,15 @@ class ModelArguments:
         },
     )
 
+    compile_regions: bool = field(
+        default=True,
+        metadata={
+            "help": "With --torch_compile: compile each transformer block on its own "
+            "(accelerate's regional compilation): the 12 identical blocks are compiled once and "
+            "reused, which starts much sooner than compiling the whole model as one graph."
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.loss_implementation not in LOSS_IMPLEMENTATIONS:
             raise ValueError(

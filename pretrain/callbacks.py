@@ -28,7 +28,8 @@ class ThroughputCallback(TrainerCallback):
     """Tokens/s and MFU over each logging window, plus NVML readings, as TensorBoard scalars.
 
     Also times the training loop as a whole (`loop_seconds`, steps `start_step..end_step`)
-    and takes one `nvidia-smi` snapshot halfway through.
+    and its first step (`first_step_seconds`: compilation happens there), and takes one
+    `nvidia-smi` snapshot halfway through.
     """
 
     def __init__(
@@ -52,6 +53,7 @@ class ThroughputCallback(TrainerCallback):
         self.snapshot_taken = False
         self.loop_start: float | None = None
         self.loop_seconds: float | None = None
+        self.first_step_seconds: float | None = None
         self.start_step = 0
         self.end_step = 0
         self._window_start = 0.0
@@ -66,6 +68,10 @@ class ThroughputCallback(TrainerCallback):
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         self.loop_start = self._window_start = time.perf_counter()
         self.start_step = self._window_step = state.global_step
+
+    def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        if self.first_step_seconds is None and self.loop_start is not None:
+            self.first_step_seconds = time.perf_counter() - self.loop_start
 
     def on_log(self, args, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
         if not logs or "loss" not in logs or state.global_step <= self._window_step:

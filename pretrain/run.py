@@ -46,8 +46,8 @@ from pretrain.training import (
     find_tensorboard_callback,
     global_batch_blocks,
     parameter_checksum,
-    tensorboard_logging_dir,
     tokens_seen,
+    trainer_creation_environment,
 )
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ def pretrain(
     if "tensorboard" not in training_args.report_to:
         training_args.report_to = [*training_args.report_to, "tensorboard"]
     signal_callback = CheckpointOnSignalCallback()
-    with tensorboard_logging_dir(tensorboard_dir):
+    with trainer_creation_environment(tensorboard_dir, model_args.compile_regions):
         trainer = Trainer(
             model=model,
             args=training_args,
@@ -212,10 +212,13 @@ def pretrain(
             "precision_source": precision.source,
         },
         data={"cache_dir": str(cache_dir), **read_stats(cache_dir)},
+        first_step_seconds=throughput.first_step_seconds,
+        peak_memory_gib=peak_memory_gib(training_args),
         speed_settings={
             "precision": "fp32" if precision.mixed_precision == "no" else precision.mixed_precision,
             "tf32": precision.tf32,
             "compile": training_args.torch_compile,
+            "compile_regions": training_args.torch_compile and model_args.compile_regions,
             "attn_implementation": model_config._attn_implementation,
             "fused_adamw": training_args.optim == "adamw_torch_fused",
             "loss_implementation": model_args.loss_implementation,
@@ -239,6 +242,12 @@ def torch_device_name(training_args: TrainingArguments) -> str:
     """The accelerator's marketing name ("NVIDIA H200"), or "cpu"."""
     device = training_args.device
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def peak_memory_gib(training_args: TrainingArguments) -> float | None:
+    """The most GPU memory this process's tensors held at once (GiB); None on CPU."""
+    device = training_args.device
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
 def save_final_model(trainer: Trainer, final_dir: Path) -> None:

@@ -84,6 +84,8 @@ def build_run_summary(
     config: dict[str, Any],
     data: dict[str, Any],
     speed_settings: dict[str, Any],
+    first_step_seconds: float | None = None,
+    peak_memory_gib: float | None = None,
 ) -> dict[str, Any]:
     """The summary dict; times and speed cover this process's session (after a resume, the
     steps since the checkpoint), losses and tokens the whole run."""
@@ -94,6 +96,9 @@ def build_run_summary(
         "summary_version": SUMMARY_VERSION,
         "wall_seconds": wall_seconds,
         "train_loop_seconds": train_loop_seconds,
+        # The first step carries torch.compile's work and CUDA's warm-up.
+        "first_step_seconds": first_step_seconds,
+        "peak_memory_gib": peak_memory_gib,
         "tokens_trained": tokens_trained,
         "tokens_per_second": tokens_per_second,
         "mfu": mfu,

@@ -75,21 +75,29 @@ def tokens_seen(step: int, batch_blocks: int, num_train_blocks: int, block_size:
 
 
 @contextmanager
-def tensorboard_logging_dir(log_dir: Path) -> Iterator[None]:
-    """While Trainer is created, point its TensorBoard callback at `log_dir`.
+def trainer_creation_environment(log_dir: Path, regional_compilation: bool) -> Iterator[None]:
+    """While Trainer is created, the environment variables it reads there and only there.
 
-    transformers 5 takes the folder from TENSORBOARD_LOGGING_DIR (`logging_dir` is gone); the
-    callback reads it once, in its constructor, so the variable is restored afterwards.
+    transformers 5 takes TensorBoard's folder from TENSORBOARD_LOGGING_DIR (`logging_dir` is
+    gone), read once by the callback's constructor; accelerate decides whether
+    `--torch_compile` compiles each repeated block on its own from
+    ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION, read once by the TorchDynamoPlugin that Trainer
+    builds. The variables are restored afterwards.
     """
-    previous = os.environ.get("TENSORBOARD_LOGGING_DIR")
-    os.environ["TENSORBOARD_LOGGING_DIR"] = str(log_dir)
+    values = {
+        "TENSORBOARD_LOGGING_DIR": str(log_dir),
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true" if regional_compilation else "false",
+    }
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if previous is None:
-            del os.environ["TENSORBOARD_LOGGING_DIR"]
-        else:
-            os.environ["TENSORBOARD_LOGGING_DIR"] = previous
+        for name, value in previous.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def find_tensorboard_callback(trainer: Trainer) -> TensorBoardCallback | None:
