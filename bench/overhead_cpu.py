@@ -39,21 +39,19 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import Trainer, TrainingArguments, set_seed
+from transformers import Trainer, set_seed
 
 from common.cli import entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.demo_corpus import write_demo_corpus
 from pretrain import run as pretrain_run
-from pretrain.args import ModelArguments, ReportArguments
-from pretrain.data import DataArguments, load_blocks, prepare_blocks
+from pretrain.data import load_blocks, load_tokenizer, prepare_blocks
 from pretrain.model import build_model, build_model_config
 from pretrain.training import collate_blocks
 from tokenizer.train import TokenizerArguments, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
-RUN_ARGUMENTS = [ModelArguments, CorpusArguments, DataArguments, ReportArguments, TrainingArguments]
 TINY_CONFIG = Path(__file__).resolve().parent.parent / "pretrain" / "configs" / "tiny.yaml"
 
 
@@ -108,9 +106,9 @@ def run_trainer(argv: list[str]) -> float:
 
 def run_bare(argv: list[str]) -> float:
     """The same training as `run_trainer(argv)` in a plain PyTorch loop; return tokens/s."""
-    model_args, corpus_args, data_args, _, training_args = parse_args(RUN_ARGUMENTS, argv)
+    model_args, corpus_args, data_args, _, training_args = pretrain_run.parse_pretrain_args(argv)
     set_seed(training_args.seed)
-    tokenizer = pretrain_run.load_tokenizer(data_args.tokenizer_dir)
+    tokenizer = load_tokenizer(data_args.tokenizer_dir)
     model = build_model(
         build_model_config(
             model_args.model_preset,
@@ -164,8 +162,8 @@ def prepare_inputs(args: OverheadArguments, work_dir: Path) -> None:
             show_progress=False,
         )
     for num_steps in (args.short_steps, args.short_steps + args.num_steps):
-        _, corpus_args, data_args, _, _ = parse_args(
-            RUN_ARGUMENTS, trainer_argv(args, work_dir, "prepare", num_steps)
+        _, corpus_args, data_args, _, _ = pretrain_run.parse_pretrain_args(
+            trainer_argv(args, work_dir, "prepare", num_steps)
         )
         prepare_blocks(corpus_args, data_args)
 

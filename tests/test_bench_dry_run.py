@@ -71,3 +71,38 @@ def test_docstring_corpus_refuses_a_missing_package_root(tmp_path):
                 output_dir=str(tmp_path / "corpus"), package_roots=[str(tmp_path / "missing")]
             )
         )
+
+
+def test_gpu_ablation_dry_run_runs_the_shipped_config_and_tabulates(
+    wos_corpus_dir, tiny_tokenizer_dir, tmp_path
+):
+    """The GPU script's run stage on CPU: the course config (compiled, chunked loss) for its
+    whole small budget and an eager variant for 2 steps, read back into one table."""
+    import json
+
+    gpu_ablation = load_bench_script("gpu_ablation")
+    output_dir = tmp_path / "runs"
+    exit_code = gpu_ablation.main(
+        [
+            *("--corpus", str(wos_corpus_dir), "--tokenizer_dir", str(tiny_tokenizer_dir)),
+            *("--cache_dir", str(tmp_path / "cache"), "--output_dir", str(output_dir)),
+            *("--max_train_tokens", "2048", "--ablation_steps", "2"),
+            *("--variants", "main", "eager", "--dry_run"),
+        ]
+    )
+    assert exit_code == 0
+    main_run = json.loads((output_dir / "main" / "run_summary.json").read_text())
+    eager_run = json.loads((output_dir / "eager" / "run_summary.json").read_text())
+    assert main_run["speed_settings"]["loss_implementation"] == "chunked"
+    assert main_run["speed_settings"]["compile"] and main_run["speed_settings"]["compile_regions"]
+    assert not eager_run["speed_settings"]["compile"]
+    assert main_run["tokens_trained"] == 2048 and eager_run["global_step"] == 2
+    assert 0 < main_run["first_step_seconds"] < main_run["train_loop_seconds"]
+    assert main_run["peak_memory_gib"] is None  # CPU
+
+    header, rule, *rows = (output_dir / "table.txt").read_text().splitlines()
+    assert [row.split("|")[0].strip() for row in rows] == ["main", "eager"]
+    columns = [cell.strip() for cell in header.split("|")]
+    main_cells = [cell.strip() for cell in rows[0].split("|")]
+    assert main_cells[columns.index("tokens")] == "2,048"
+    assert float(main_cells[columns.index("tokens/s")].replace(",", "")) > 0
