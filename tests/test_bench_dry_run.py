@@ -95,6 +95,7 @@ def test_gpu_ablation_dry_run_runs_the_shipped_config_and_tabulates(
     eager_run = json.loads((output_dir / "eager" / "run_summary.json").read_text())
     assert main_run["speed_settings"]["loss_implementation"] == "chunked"
     assert main_run["speed_settings"]["compile"] and main_run["speed_settings"]["compile_regions"]
+    assert main_run["config"]["TrainingArguments"]["logging_nan_inf_filter"] is False
     assert not eager_run["speed_settings"]["compile"]
     assert main_run["tokens_trained"] == 2048 and eager_run["global_step"] == 2
     assert 0 < main_run["first_step_seconds"] < main_run["train_loop_seconds"]
