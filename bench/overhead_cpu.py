@@ -46,6 +46,7 @@ from common.corpus import CorpusArguments
 from common.demo_corpus import write_demo_corpus
 from pretrain import run as pretrain_run
 from pretrain.data import load_blocks, load_tokenizer, prepare_blocks
+from pretrain.loss import use_chunked_loss
 from pretrain.model import build_model, build_model_config
 from pretrain.training import collate_blocks
 from tokenizer.train import TokenizerArguments, train_tokenizer
@@ -118,6 +119,8 @@ def run_bare(argv: list[str]) -> float:
             attn_implementation=model_args.attn_implementation,
         )
     )
+    if model_args.loss_implementation == "chunked":
+        use_chunked_loss(model)
     model.train()
     blocks = load_blocks(prepare_blocks(corpus_args, data_args))["train"]
     loader = DataLoader(
