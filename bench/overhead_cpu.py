@@ -21,7 +21,7 @@ Two measures, each side run alternately `--repeats` times after a warm-up:
   loading, final evaluation and save) cancels. Other processes barely move CPU time.
 Ratios are trainer / bare for runs made one right after the other; the median is printed.
 
-    python bench/overhead_cpu.py [--repeats 5] [--num_steps 20] [--num_threads 1]
+    python bench/overhead_cpu.py [--repeats 6] [--num_steps 40] [--num_threads 1]
 """
 
 from __future__ import annotations
@@ -63,14 +63,14 @@ class OverheadArguments:
         metadata={"help": "Folder for corpus, tokenizer, cache and runs (default: a temp dir)."},
     )
     num_steps: int = field(
-        default=20, metadata={"help": "Steps of a long run beyond those of a short one."}
+        default=40, metadata={"help": "Steps of a long run beyond those of a short one."}
     )
     short_steps: int = field(default=5, metadata={"help": "Optimizer steps of a short run."})
     block_size: int = field(default=256, metadata={"help": "Tokens per block."})
     batch_size: int = field(default=16, metadata={"help": "Blocks per step."})
     vocab_size: int = field(default=4096, metadata={"help": "Tokenizer vocabulary."})
     repeats: int = field(
-        default=5, metadata={"help": "Short + long run pairs of each side, alternating."}
+        default=6, metadata={"help": "Short + long run pairs of each side, alternating."}
     )
     num_threads: int | None = field(
         default=None, metadata={"help": "torch CPU threads (default: torch's choice)."}
