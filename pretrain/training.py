@@ -6,6 +6,7 @@ import hashlib
 import logging
 import math
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,8 +114,16 @@ def continue_tensorboard_log(callback: TensorBoardCallback, log_dir: Path, start
     Events an interrupted run wrote after its last checkpoint (steps > `start_step`) would
     overlap the resumed run's; `purge_step` makes TensorBoard drop them.
     """
-    if any(log_dir.glob("events.out.tfevents.*")):
-        callback.tb_writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1)
+    event_files = list(log_dir.glob("events.out.tfevents.*"))
+    if not event_files:
+        return
+    # TensorBoard reads a folder's event files in name order, and a name starts with the
+    # second its writer was created: the new file must not share the last file's second, or
+    # it may sort first and the purge would hit nothing.
+    newest_second = max(int(path.name.split(".")[3]) for path in event_files)
+    while time.time() < newest_second + 1:
+        time.sleep(0.05)
+    callback.tb_writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1)
 
 
 def parameter_checksum(model: torch.nn.Module) -> str:
