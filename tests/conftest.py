@@ -11,6 +11,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One torch thread in the test process: the suite runs on 2 cores shared with the
+    subprocesses it starts, where more threads make the tiny steps of these tests slower."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def wos_corpus_dir(tmp_path_factory):
     """A small Web of Science layout (WOS46985/X.txt, WOS11967/X.txt, WOS5736/X.txt) of

@@ -5,11 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-
-import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_SCRIPT = REPO_ROOT / "pretrain" / "run.py"
@@ -24,17 +20,6 @@ def shared_data_paths(corpus_dir: Path, tokenizer_dir: Path, tmp_path_factory) -
         "tokenizer_dir": tokenizer_dir,
         "cache_dir": tmp_path_factory.getbasetemp() / "pretrain_cache",
     }
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """One torch thread: on the shared 2-core CI machine more threads make steps much slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def tiny_run_argv(

@@ -42,15 +42,6 @@ HISTOGRAMS = {f"activations/{layer}" for layer in LAYERS} | {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: on a shared 2-core machine more threads make tiny steps slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def pytorch_run(tmp_path_factory) -> Path:
     output_dir = tmp_path_factory.mktemp("mnist") / "pytorch"

@@ -12,7 +12,6 @@ from pretrain_runs import (
     REPO_ROOT,
     RUN_SCRIPT,
     logged_losses,
-    one_torch_thread,
     read_summary,
     shared_data_paths,
     subprocess_env,
@@ -35,8 +34,7 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
 
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_paths, tmp_path):
     single_dir, ddp_dir = tmp_path / "single", tmp_path / "ddp"
-    with one_torch_thread():
-        assert main(tiny_run_argv(**data_paths, output_dir=single_dir, num_blocks=NUM_BLOCKS)) == 0
+    assert main(tiny_run_argv(**data_paths, output_dir=single_dir, num_blocks=NUM_BLOCKS)) == 0
 
     # --multi_gpu picks the launcher that starts several processes (torchrun); use_cpu (set in
     # tiny.yaml) keeps them on gloo; without either, accelerate would start one process, or two

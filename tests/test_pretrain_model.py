@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pretrain_runs import one_torch_thread
 from transformers import AutoTokenizer
 
 from common.cli import InputError
@@ -72,12 +71,11 @@ def test_gpt2_117m_builds_and_trains_one_step_on_cpu(tokenizer):
     # GPT-2's own padded vocabulary (50,257 -> 50,304) gives nanoGPT's count for GPT-2 small.
     config = build_model_config("gpt2-117m", tokenizer, block_size=128, vocab_size=50304)
     torch.manual_seed(0)
-    with one_torch_thread():
-        model = build_model(config)
-        assert count_parameters(model) == 124_475_904
-        input_ids = torch.randint(0, len(tokenizer), (1, 128))
-        loss = model(input_ids=input_ids, labels=input_ids).loss
-        loss.backward()
+    model = build_model(config)
+    assert count_parameters(model) == 124_475_904
+    input_ids = torch.randint(0, len(tokenizer), (1, 128))
+    loss = model(input_ids=input_ids, labels=input_ids).loss
+    loss.backward()
     # A random model predicts uniformly: loss near ln(50304) = 10.83.
     assert 10.0 < loss.item() < 11.5
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

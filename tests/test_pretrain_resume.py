@@ -11,7 +11,6 @@ import time
 import pytest
 from pretrain_runs import (
     logged_losses,
-    one_torch_thread,
     read_summary,
     run_script_command,
     shared_data_paths,
@@ -28,12 +27,6 @@ NUM_BLOCKS = 160  # 40 steps of 4 blocks
 NUM_STEPS = NUM_BLOCKS // 4
 SAVE_STEPS = 4
 POLL_SECONDS = 0.02
-
-
-@pytest.fixture
-def one_thread():
-    with one_torch_thread():
-        yield
 
 
 @pytest.fixture
@@ -91,7 +84,7 @@ def wait_for_complete_checkpoint(output_dir, process=None, min_step=1):
         time.sleep(POLL_SECONDS)
 
 
-def test_sigusr1_saves_a_checkpoint_and_auto_resume_finishes(data_paths, tmp_path, one_thread):
+def test_sigusr1_saves_a_checkpoint_and_auto_resume_finishes(data_paths, tmp_path):
     output_dir = tmp_path / "run"
     argv = tiny_run_argv(
         **data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS, save_steps=SAVE_STEPS
@@ -123,9 +116,7 @@ def test_sigusr1_saves_a_checkpoint_and_auto_resume_finishes(data_paths, tmp_pat
     assert summary["global_step"] == summary["max_steps"] == NUM_STEPS
 
 
-def test_resume_after_sigkill_continues_from_the_last_complete_checkpoint(
-    data_paths, tmp_path, one_thread
-):
+def test_resume_after_sigkill_continues_from_the_last_complete_checkpoint(data_paths, tmp_path):
     output_dir = tmp_path / "run"
     argv = tiny_run_argv(
         **data_paths,

@@ -11,7 +11,6 @@ from pretrain_runs import (
     BLOCK_SIZE,
     TINY_CONFIG,
     logged_losses,
-    one_torch_thread,
     read_summary,
     shared_data_paths,
     tiny_run_argv,
@@ -28,18 +27,12 @@ GPT2_CONFIG = TINY_CONFIG.with_name("gpt2_117m.yaml")
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    with one_torch_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
 def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
     return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def tiny_run(data_paths, one_thread, tmp_path_factory):
+def tiny_run(data_paths, tmp_path_factory):
     """One finished tiny run (24 steps); MFU against a made-up 1 TFLOP/s peak."""
     output_dir = tmp_path_factory.mktemp("tiny") / "run"
     argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS, peak_tflops=1)

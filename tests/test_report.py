@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from matplotlib import image as mpimg
 
 from common import report
@@ -30,16 +29,7 @@ MNIST_SHORT_RUN = [
 
 
 @pytest.fixture(scope="module")
-def one_thread():
-    """One torch thread: on a shared 2-core machine more threads make tiny steps slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def mnist_run_dir(tmp_path_factory, one_thread) -> Path:
+def mnist_run_dir(tmp_path_factory) -> Path:
     """A real LeNet-5 run of the plain PyTorch trainer on the embedded 5k digits, 2 epochs."""
     from mnist.train import main as train_mnist
 
@@ -49,7 +39,7 @@ def mnist_run_dir(tmp_path_factory, one_thread) -> Path:
 
 
 @pytest.fixture(scope="module")
-def mnist_lightning_run_dir(tmp_path_factory, one_thread) -> Path:
+def mnist_lightning_run_dir(tmp_path_factory) -> Path:
     """The same model trained by the Lightning trainer, stopped early in epoch 2."""
     from mnist.train_lightning import main as train_lightning
 
@@ -60,7 +50,7 @@ def mnist_lightning_run_dir(tmp_path_factory, one_thread) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gpt_run_dir(tmp_path_factory, wos_corpus_dir, tiny_tokenizer_dir, one_thread) -> Path:
+def gpt_run_dir(tmp_path_factory, wos_corpus_dir, tiny_tokenizer_dir) -> Path:
     """A real pretraining run: the tiny preset, 12 steps of 4 blocks of 64 tokens on CPU."""
     from pretrain_runs import tiny_run_argv
 
