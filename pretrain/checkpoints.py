@@ -20,8 +20,10 @@ logger = logging.getLogger(__name__)
 RESUME_AUTO = "auto"
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_NAME = "trainer_state.json"
+SUMMARY_FILE = "run_summary.json"
+FINAL_MODEL_DIR = "final"
 # Files that mark a finished run in the run folder.
-FINISHED_RUN_MARKERS = ("run_summary.json", "final")
+FINISHED_RUN_MARKERS = (SUMMARY_FILE, FINAL_MODEL_DIR)
 
 
 def checkpoint_global_step(checkpoint_dir: Path) -> int | None:

@@ -146,13 +146,16 @@ class DataArguments:
     )
 
 
-def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments) -> Path:
+def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, tokenizer=None) -> Path:
     """Build (or reuse) the Arrow cache of packed blocks; return its folder.
 
-    Every check that needs no tokenization runs first. Raises InputError on bad input.
+    `tokenizer` is the one loaded from `data_args.tokenizer_dir` when the caller already has
+    it (else it is loaded here). Every check that needs no tokenization runs first. Raises
+    InputError on bad input.
     """
     check_data_arguments(data_args)
-    tokenizer = load_tokenizer(data_args.tokenizer_dir)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(data_args.tokenizer_dir)
     cache_root = Path(data_args.cache_dir)
     check_writable(cache_root)
     fingerprint = corpus_fingerprint(corpus_args)

@@ -8,7 +8,6 @@ RUN_DIR is a run folder of `pretrain/run.py` (its `final/` model is used) or any
 
 from __future__ import annotations
 
-import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.cli import InputError, entry_point, parse_args
-
-logger = logging.getLogger(__name__)
-
-FINAL_MODEL_DIR = "final"
+from pretrain.checkpoints import FINAL_MODEL_DIR
 
 
 @dataclass

@@ -28,7 +28,12 @@ from common.files import write_json_atomic
 from common.gpu import peak_flops_per_second
 from pretrain.args import ModelArguments, ReportArguments
 from pretrain.callbacks import CheckpointOnSignalCallback, ThroughputCallback
-from pretrain.checkpoints import checkpoint_global_step, resolve_resume_checkpoint
+from pretrain.checkpoints import (
+    FINAL_MODEL_DIR,
+    SUMMARY_FILE,
+    checkpoint_global_step,
+    resolve_resume_checkpoint,
+)
 from pretrain.data import DataArguments, load_blocks, load_tokenizer, prepare_blocks, read_stats
 from pretrain.loss import use_chunked_loss
 from pretrain.model import build_model, build_model_config, count_parameters, flops_per_token
@@ -52,8 +57,6 @@ from pretrain.training import (
 
 logger = logging.getLogger(__name__)
 
-SUMMARY_FILE = "run_summary.json"
-FINAL_MODEL_DIR = "final"
 TENSORBOARD_DIR = "tensorboard"
 NVIDIA_SMI_FILE = "nvidia-smi.txt"
 
@@ -105,7 +108,7 @@ def pretrain(
 
     # The main process builds the cache; the others then find it ready (shared filesystem).
     with training_args.main_process_first(local=False, desc="preparing packed blocks"):
-        cache_dir = prepare_blocks(corpus_args, data_args)
+        cache_dir = prepare_blocks(corpus_args, data_args, tokenizer)
     blocks = load_blocks(cache_dir)
     num_train_blocks = len(blocks["train"])
     training_args.max_steps = derive_max_steps(
