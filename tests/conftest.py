@@ -21,6 +21,32 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
+def mnist_pytorch_run(tmp_path_factory):
+    """A finished run of the plain PyTorch trainer on the embedded digits, 2 short epochs."""
+    from mnist_runs import SHORT_RUN
+
+    from mnist.train import main
+
+    output_dir = tmp_path_factory.mktemp("mnist") / "pytorch"
+    assert main([*SHORT_RUN, "--output_dir", str(output_dir)]) == 0
+    return output_dir
+
+
+@pytest.fixture(scope="session")
+def mnist_lightning_run(tmp_path_factory):
+    """The Lightning trainer on the same digits: the on-device batcher (the plain run uses the
+    DataLoader), and max_steps ends epoch 2 early."""
+    from mnist_runs import SHORT_RUN
+
+    from mnist.train_lightning import main
+
+    output_dir = tmp_path_factory.mktemp("mnist") / "lightning"
+    argv = [*SHORT_RUN, "--on_device_data", "true", "--max_steps", "40"]
+    assert main([*argv, "--output_dir", str(output_dir)]) == 0
+    return output_dir
+
+
+@pytest.fixture(scope="session")
 def wos_corpus_dir(tmp_path_factory):
     """A small Web of Science layout (WOS46985/X.txt, WOS11967/X.txt, WOS5736/X.txt) of
     400 real English paragraphs, written deterministically."""

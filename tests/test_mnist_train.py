@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mnist_runs import NUM_PROJECTOR_DIGITS, SHORT_RUN
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mnist.experiment import METRICS_FILE, MODEL_FILE, TENSORBOARD_DIR
@@ -16,14 +17,6 @@ from mnist.model import LeNet5
 from mnist.train import main as train_main
 from mnist.train_lightning import main as train_lightning_main
 
-NUM_PROJECTOR_DIGITS = 40
-SHORT_RUN = [
-    "--epochs", "2",
-    "--batch_size", "128",  # 3,600 training digits: 29 steps per epoch
-    "--log_every_n_steps", "2",
-    "--num_projector_digits", str(NUM_PROJECTOR_DIGITS),
-    "--device", "cpu",
-]  # fmt: skip
 SCALARS = {
     "train/loss",
     "train/acc",
@@ -42,22 +35,6 @@ HISTOGRAMS = {f"activations/{layer}" for layer in LAYERS} | {
 }
 
 
-@pytest.fixture(scope="module")
-def pytorch_run(tmp_path_factory) -> Path:
-    output_dir = tmp_path_factory.mktemp("mnist") / "pytorch"
-    assert train_main([*SHORT_RUN, "--output_dir", str(output_dir)]) == 0
-    return output_dir
-
-
-@pytest.fixture(scope="module")
-def lightning_run(tmp_path_factory) -> Path:
-    output_dir = tmp_path_factory.mktemp("mnist") / "lightning"
-    # The on-device batcher here, the DataLoader in the plain run; max_steps ends epoch 2 early.
-    argv = [*SHORT_RUN, "--on_device_data", "true", "--max_steps", "40"]
-    assert train_lightning_main([*argv, "--output_dir", str(output_dir)]) == 0
-    return output_dir
-
-
 def read_events(run_dir: Path) -> EventAccumulator:
     events = EventAccumulator(
         str(run_dir / TENSORBOARD_DIR), size_guidance={"scalars": 0, "images": 0, "histograms": 0}
@@ -70,11 +47,11 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-@pytest.mark.parametrize("run", ["pytorch_run", "lightning_run"])
+@pytest.mark.parametrize("run", ["mnist_pytorch_run", "mnist_lightning_run"])
 def test_metrics_json_loads_back_and_is_consistent(request, run):
     run_dir = request.getfixturevalue(run)
     metrics = json.loads((run_dir / METRICS_FILE).read_text())
-    assert metrics["trainer"] == run.removesuffix("_run")
+    assert metrics["trainer"] == run.removeprefix("mnist_").removesuffix("_run")
     assert (metrics["num_train"], metrics["num_val"], metrics["num_test"]) == (3600, 400, 1000)
     confusion = torch.tensor(metrics["confusion_matrix"])
     assert confusion.shape == (10, 10) and int(confusion.sum()) == 1000
@@ -92,7 +69,7 @@ def test_metrics_json_loads_back_and_is_consistent(request, run):
     model.load_state_dict(torch.load(run_dir / MODEL_FILE))
 
 
-@pytest.mark.parametrize("run", ["pytorch_run", "lightning_run"])
+@pytest.mark.parametrize("run", ["mnist_pytorch_run", "mnist_lightning_run"])
 def test_tensorboard_holds_scalars_images_histograms_graph(request, run):
     events = read_events(request.getfixturevalue(run))
     tags = events.Tags()
@@ -110,7 +87,7 @@ def test_tensorboard_holds_scalars_images_histograms_graph(request, run):
     assert events.Images("feature_maps/conv2")[-1].width == 2 + 17 * 30
 
 
-@pytest.mark.parametrize("run", ["pytorch_run", "lightning_run"])
+@pytest.mark.parametrize("run", ["mnist_pytorch_run", "mnist_lightning_run"])
 def test_projector_embedding_has_features_thumbnails_and_labels(request, run):
     log_dir = request.getfixturevalue(run) / TENSORBOARD_DIR
     config = (log_dir / "projector_config.pbtxt").read_text()
@@ -125,17 +102,17 @@ def test_projector_embedding_has_features_thumbnails_and_labels(request, run):
     assert "sprite.png" in config
 
 
-def test_both_trainers_write_the_same_scalar_tags(pytorch_run, lightning_run):
-    plain = set(read_events(pytorch_run).Tags()["scalars"])
-    lightning = set(read_events(lightning_run).Tags()["scalars"])
+def test_both_trainers_write_the_same_scalar_tags(mnist_pytorch_run, mnist_lightning_run):
+    plain = set(read_events(mnist_pytorch_run).Tags()["scalars"])
+    lightning = set(read_events(mnist_lightning_run).Tags()["scalars"])
     assert lightning - {"epoch"} == plain  # Lightning adds its own epoch counter
 
 
-def test_existing_run_folder_needs_overwrite(pytorch_run, capsys):
-    before = (pytorch_run / METRICS_FILE).read_text()
-    assert train_main([*SHORT_RUN, "--output_dir", str(pytorch_run)]) == 2
+def test_existing_run_folder_needs_overwrite(mnist_pytorch_run, capsys):
+    before = (mnist_pytorch_run / METRICS_FILE).read_text()
+    assert train_main([*SHORT_RUN, "--output_dir", str(mnist_pytorch_run)]) == 2
     assert "already exists; pass --overwrite" in capsys.readouterr().err
-    assert (pytorch_run / METRICS_FILE).read_text() == before
+    assert (mnist_pytorch_run / METRICS_FILE).read_text() == before
 
 
 def test_same_seed_same_weights(tmp_path):

@@ -18,36 +18,6 @@ from common.run_folder import SUMMARY_FILES, find_event_dirs, load_run
 
 # ---------------------------------------------------------------- real tiny runs (once per module)
 
-# As tests/test_mnist_train.py: 3,600 training digits in batches of 128, 29 steps per epoch.
-MNIST_SHORT_RUN = [
-    "--epochs", "2",
-    "--batch_size", "128",
-    "--log_every_n_steps", "2",
-    "--num_projector_digits", "40",
-    "--device", "cpu",
-]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def mnist_run_dir(tmp_path_factory) -> Path:
-    """A real LeNet-5 run of the plain PyTorch trainer on the embedded 5k digits, 2 epochs."""
-    from mnist.train import main as train_mnist
-
-    output_dir = tmp_path_factory.mktemp("mnist") / "mnist_pytorch"
-    assert train_mnist([*MNIST_SHORT_RUN, "--output_dir", str(output_dir)]) == 0
-    return output_dir
-
-
-@pytest.fixture(scope="module")
-def mnist_lightning_run_dir(tmp_path_factory) -> Path:
-    """The same model trained by the Lightning trainer, stopped early in epoch 2."""
-    from mnist.train_lightning import main as train_lightning
-
-    output_dir = tmp_path_factory.mktemp("mnist") / "mnist_lightning"
-    argv = [*MNIST_SHORT_RUN, "--max_steps", "30", "--output_dir", str(output_dir)]
-    assert train_lightning(argv) == 0
-    return output_dir
-
 
 @pytest.fixture(scope="module")
 def gpt_run_dir(tmp_path_factory, wos_corpus_dir, tiny_tokenizer_dir) -> Path:
@@ -81,9 +51,9 @@ def gpt_report_dir(gpt_run_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def mnist_report_dir(mnist_run_dir, tmp_path_factory) -> Path:
+def mnist_report_dir(mnist_pytorch_run, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "mnist"
-    assert report.main([str(mnist_run_dir), "--out", str(out)]) == 0
+    assert report.main([str(mnist_pytorch_run), "--out", str(out)]) == 0
     return out
 
 
@@ -207,15 +177,15 @@ def test_gpu_samples_and_nvidia_smi_snapshot_are_reported(gpt_run_dir, tmp_path)
     assert snapshot.strip() in markdown
 
 
-def test_mnist_report_numbers_and_figures(mnist_run_dir, mnist_report_dir):
-    metrics = json.loads((mnist_run_dir / "metrics.json").read_text())
+def test_mnist_report_numbers_and_figures(mnist_pytorch_run, mnist_report_dir):
+    metrics = json.loads((mnist_pytorch_run / "metrics.json").read_text())
     markdown = (mnist_report_dir / "report.md").read_text()
     results = table_after(markdown, "## LeNet-5 on MNIST")
     for key in ("test_accuracy", "test_loss", "epochs", "train_seconds", "num_train", "num_test"):
         (cell,) = results[label_of(report.MNIST_ROWS, key)]
         assert_cell_shows(cell, metrics[key], key)
     figures = embedded_figures(markdown)
-    stem = mnist_run_dir.name
+    stem = mnist_pytorch_run.name
     assert {
         "mnist_loss.png",
         "mnist_accuracy.png",
@@ -227,10 +197,10 @@ def test_mnist_report_numbers_and_figures(mnist_run_dir, mnist_report_dir):
 
 
 def test_overlay_of_runs(
-    mnist_run_dir, mnist_lightning_run_dir, mnist_report_dir, gpt_run_dir, tmp_path
+    mnist_pytorch_run, mnist_lightning_run, mnist_report_dir, gpt_run_dir, tmp_path
 ):
     out = tmp_path / "report"
-    run_dirs = [mnist_run_dir, mnist_lightning_run_dir, gpt_run_dir]
+    run_dirs = [mnist_pytorch_run, mnist_lightning_run, gpt_run_dir]
     assert report.main([*map(str, run_dirs), "--out", str(out)]) == 0
     markdown = (out / "report.md").read_text()
     # One column per run of each kind, in the order given.
@@ -266,8 +236,8 @@ def test_missing_run_folder_is_an_input_error(tmp_path, capsys):
         load_run(Path(__file__))
 
 
-def test_existing_output_folder_needs_overwrite(mnist_run_dir, mnist_report_dir, capsys):
-    assert report.main([str(mnist_run_dir), "--out", str(mnist_report_dir)]) == 2
+def test_existing_output_folder_needs_overwrite(mnist_pytorch_run, mnist_report_dir, capsys):
+    assert report.main([str(mnist_pytorch_run), "--out", str(mnist_report_dir)]) == 2
     assert "--overwrite" in capsys.readouterr().err
 
 
@@ -330,9 +300,9 @@ def test_older_summary_version_and_missing_keys(gpt_run_dir, tmp_path):
     )
 
 
-def test_unreadable_summary_is_reported(mnist_run_dir, tmp_path):
+def test_unreadable_summary_is_reported(mnist_pytorch_run, tmp_path):
     broken = tmp_path / "mnist_broken"
-    shutil.copytree(mnist_run_dir, broken)
+    shutil.copytree(mnist_pytorch_run, broken)
     (broken / SUMMARY_FILES["mnist"]).write_text('{"test_accuracy": 0.9')
     markdown = report.write_report([broken], tmp_path / "report").read_text()
     assert "metrics.json is not valid JSON" in markdown
@@ -346,9 +316,9 @@ def test_unreadable_summary_is_reported(mnist_run_dir, tmp_path):
     shutil.which("chromium") is None,
     reason="Chromium not installed (.ci/install_chromium.sh installs it)",
 )
-def test_tensorboard_screenshot_shows_scalar_charts(mnist_run_dir, tmp_path):
+def test_tensorboard_screenshot_shows_scalar_charts(mnist_pytorch_run, tmp_path):
     out = tmp_path / "report"
-    exit_code = report.main([str(mnist_run_dir), "--out", str(out), "--tensorboard-screenshot"])
+    exit_code = report.main([str(mnist_pytorch_run), "--out", str(out), "--tensorboard-screenshot"])
     assert exit_code == 0
     assert report.SCREENSHOT_FILE in embedded_figures((out / "report.md").read_text())
     pixels = assert_png_not_blank(out / report.SCREENSHOT_FILE)
