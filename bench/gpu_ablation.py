@@ -33,12 +33,12 @@ from pathlib import Path
 import yaml
 
 from common.cli import InputError, entry_point, parse_args
+from pretrain.checkpoints import SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAIN_CONFIG = REPO_ROOT / "pretrain" / "configs" / "gpt2_117m.yaml"
-SUMMARY_FILE = "run_summary.json"
 COURSE_TOKENS = 12_000_000
 
 # name -> flags on top of the shipped config. Each changes one lever of the main run.
