@@ -28,13 +28,13 @@ from torch.utils.data import DataLoader, Dataset
 from common.cli import InputError
 from mnist.args import MnistArguments
 from mnist.idx import IMAGE_SIZE, read_images_and_labels
+from mnist.model import NUM_CLASSES
 
 logger = logging.getLogger(__name__)
 
 # Mean and standard deviation of all 60,000 MNIST training pixels scaled to [0, 1].
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
-NUM_CLASSES = 10
 # Share of each class of the 5,000-digit sample kept as its test set: 100 per class.
 SAMPLE_TEST_FRACTION = 0.2
 # Test and validation splits never depend on --seed, so runs with different seeds are scored

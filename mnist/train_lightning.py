@@ -163,8 +163,9 @@ class LeNet5Module(L.LightningModule):
         if self.args.distort:
             self.generator = torch.Generator(self.device).manual_seed(self.args.seed)
         writer = self.logger.experiment
-        viz.log_model_graph(writer, self.model, self._probe_images())
-        viz.log_layers(writer, self.model, self._probe_images(), step=0)
+        probe_images = self._probe_images()
+        viz.log_model_graph(writer, self.model, probe_images)
+        viz.log_layers(writer, self.model, probe_images, step=0)
 
     def on_train_epoch_start(self) -> None:
         self.epoch_start = time.perf_counter()
@@ -216,9 +217,13 @@ def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
     # Bad input fails here, before Lightning starts or anything is written.
     datamodule.prepare_data()
     datamodule.setup("fit")
-    # The digits are in memory already: worker processes would only add start-up time.
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    with atomic_dir(default_output_dir(args, TRAINER), overwrite=args.overwrite) as run_dir:
+    with (
+        warnings.catch_warnings(),
+        atomic_dir(default_output_dir(args, TRAINER), overwrite=args.overwrite) as run_dir,
+    ):
+        # The digits are in memory already: worker processes would only add start-up time.
+        # Silenced for this run only, not for the rest of the calling process.
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
         seed_everything(args.seed)
         module = LeNet5Module(args)
         accelerator, devices = lightning_device(device)

@@ -14,9 +14,12 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +108,8 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 def wrap_for_transformers(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
     """The `transformers` tokenizer that `AutoTokenizer.from_pretrained` gives back after saving."""
+    from transformers import PreTrainedTokenizerFast  # slow to import; only saving needs it
+
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=END_OF_TEXT,
