@@ -116,6 +116,10 @@ def _nvml_handle(pynvml, properties):
         return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
 
 
+# The snapshot's name in a run folder, where the run report looks for it.
+NVIDIA_SMI_FILE = "nvidia-smi.txt"
+
+
 def write_nvidia_smi_snapshot(path: str | Path) -> bool:
     """Save the output of `nvidia-smi` to `path`; False (nothing written) without one."""
     executable = shutil.which("nvidia-smi")
@@ -128,5 +132,8 @@ def write_nvidia_smi_snapshot(path: str | Path) -> bool:
     except (subprocess.SubprocessError, OSError) as err:
         logger.warning("nvidia-smi snapshot failed: %s", err)
         return False
-    Path(path).write_text(result.stdout, encoding="utf-8")
+    path = Path(path)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(result.stdout, encoding="utf-8")
+    partial.replace(path)
     return True

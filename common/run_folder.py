@@ -22,6 +22,7 @@ from matplotlib import image as mpimg
 from tensorboard.backend.event_processing import event_accumulator, io_wrapper
 
 from common.cli import InputError
+from common.gpu import NVIDIA_SMI_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,6 @@ MNIST_KIND = "mnist"
 UNKNOWN_KIND = "unknown"
 
 SUMMARY_FILES = {GPT_KIND: "run_summary.json", MNIST_KIND: "metrics.json"}
-NVIDIA_SMI_FILE = "nvidia-smi.txt"
 
 # The GPT summary format this reader knows; MNIST's metrics.json carries no version.
 GPT_SUMMARY_VERSION = 1

@@ -25,7 +25,7 @@ from transformers import Trainer, TrainingArguments, set_seed
 from common.cli import InputError, entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.files import write_json_atomic
-from common.gpu import peak_flops_per_second
+from common.gpu import NVIDIA_SMI_FILE, peak_flops_per_second
 from pretrain.args import ModelArguments, ReportArguments
 from pretrain.callbacks import CheckpointOnSignalCallback, ThroughputCallback
 from pretrain.checkpoints import (
@@ -58,7 +58,6 @@ from pretrain.training import (
 logger = logging.getLogger(__name__)
 
 TENSORBOARD_DIR = "tensorboard"
-NVIDIA_SMI_FILE = "nvidia-smi.txt"
 
 
 def pretrain(
