@@ -6,8 +6,6 @@ import importlib.metadata
 import os
 import platform
 
-import torch
-
 TRACKED_LIBRARIES = (
     "torch",
     "torchvision",
@@ -34,6 +32,9 @@ def library_versions() -> dict[str, str]:
 
 def hardware_description() -> dict[str, object]:
     """CPU count and, when present, the CUDA devices with their memory."""
+    # Imported here: the tokenizer stage records its hardware too and needs nothing else of torch.
+    import torch
+
     info: dict[str, object] = {
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
