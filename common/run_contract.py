@@ -1,0 +1,85 @@
+"""The run-folder contract: what the training stages write and the report reads.
+
+A run folder holds a summary JSON whose name says which stage wrote it, TensorBoard event
+files, and stage-specific artifacts. Writers (`pretrain/`, `mnist/`) and the reader
+(`report/`) import every name from here, so a file name, a summary key or a TensorBoard tag
+is spelled once. Adding a field to a summary touches its writer and, if shown, the report;
+`*_REQUIRED_KEYS` lists only the keys the report cannot do without.
+"""
+
+from __future__ import annotations
+
+# File and folder names inside a run folder.
+GPT_SUMMARY_FILE = "run_summary.json"  # written last by pretrain/run.py: the run finished
+MNIST_METRICS_FILE = "metrics.json"  # written last by both LeNet-5 trainers
+FINAL_MODEL_DIR = "final"  # model + tokenizer, loadable with AutoModelForCausalLM
+MNIST_MODEL_FILE = "model.pt"
+NVIDIA_SMI_FILE = "nvidia-smi.txt"  # `nvidia-smi` output at the start, with a GPU only
+TENSORBOARD_DIR = "tensorboard"
+
+# run_summary.json carries its version; readers note a summary of another version.
+GPT_SUMMARY_VERSION = 1
+
+GPT_REQUIRED_KEYS = (
+    "summary_version",
+    "wall_seconds",
+    "train_loop_seconds",
+    "tokens_trained",
+    "tokens_per_second",
+    "mfu",
+    "final_loss",
+    "final_loss_window",
+    "loss_threshold",
+    "loss_below_threshold",
+    "eval_loss",
+    "perplexity",
+    "max_steps",
+    "global_batch_tokens",
+    "num_parameters",
+    "hardware",
+    "versions",
+    "accelerator_state",
+    "config",
+    "speed_settings",
+)
+MNIST_REQUIRED_KEYS = (
+    "trainer",
+    "test_accuracy",
+    "test_loss",
+    "confusion_matrix",
+    "epochs",
+    "train_seconds",
+    "num_train",
+    "num_val",
+    "num_test",
+    "data_source",
+    "device",
+    "history",
+    "hardware",
+    "versions",
+    "config",
+)
+
+# TensorBoard tags. Both stages: training loss and learning rate per logged step.
+TRAIN_LOSS = "train/loss"
+LEARNING_RATE = "train/learning_rate"
+# GPT pretraining (Trainer writes the train/ and eval/ tags; ours add perf/ and gpu/).
+GRAD_NORM = "train/grad_norm"
+EVAL_LOSS = "eval/loss"
+TOKENS_PER_SECOND = "perf/tokens_per_second"
+MFU = "perf/mfu"
+GPU_UTILIZATION = "gpu/utilization_percent"
+GPU_MEMORY_USED = "gpu/memory_used_gib"
+GPU_POWER = "gpu/power_watts"
+# LeNet-5: per step, per epoch, once at the end, and the layer views.
+TRAIN_ACC = "train/acc"
+EPOCH_TRAIN_LOSS = "epoch/train_loss"
+EPOCH_TRAIN_ACC = "epoch/train_acc"
+VAL_LOSS = "val/loss"
+VAL_ACC = "val/acc"
+TEST_LOSS = "test/loss"
+TEST_ACC = "test/acc"
+FEATURE_MAPS_PREFIX = "feature_maps/"
+FILTERS_PREFIX = "filters/"
+WEIGHTS_PREFIX = "weights/"
+ACTIVATIONS_PREFIX = "activations/"
