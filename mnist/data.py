@@ -213,6 +213,19 @@ def resolve_data_source(args: MnistArguments) -> str:
     return "idx" if given else "sample"
 
 
+def check_every_class_present(labels: np.ndarray, path: Path) -> None:
+    """A training set must hold every digit: a class never seen can never be predicted.
+
+    (A test set may lack some: it is scored on the digits it has.)
+    """
+    absent = sorted(set(range(NUM_CLASSES)) - set(np.unique(labels).tolist()))
+    if absent:
+        raise InputError(
+            f"the training labels {path} hold no digit {', '.join(map(str, absent))}; "
+            "LeNet-5 cannot learn a class it never sees: pass a training set with all ten digits"
+        )
+
+
 def load_digit_splits(args: MnistArguments) -> DigitSplits:
     """Train / validation / test digits as chosen by the arguments. Raises InputError."""
     source = resolve_data_source(args)
@@ -231,6 +244,7 @@ def load_digit_splits(args: MnistArguments) -> DigitSplits:
             paths["test_images"], paths["test_labels"]
         )
         description = f"idx ({paths['train_images'].parent})"
+        check_every_class_present(train_labels, paths["train_labels"])
     keep_idx, val_idx = split_per_class(train_labels, args.val_fraction)
 
     def as_tensors(images: np.ndarray, labels: np.ndarray) -> tuple[Tensor, Tensor]:
