@@ -1,28 +1,26 @@
-"""What a training run needs whichever trainer runs it: device, seeding, optimizer and
-schedule, the run folder's contents (metrics.json, model.pt)."""
+"""What a training run needs whichever trainer runs it: device, optimizer and schedule, the
+run folder's contents (metrics.json, model.pt)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from common.cli import InputError
 from common.files import write_json_atomic
+from common.run_contract import MNIST_METRICS_FILE, MNIST_MODEL_FILE
 from common.system import hardware_description, library_versions
 from mnist.args import MnistArguments
+from mnist.data import DigitSplits
+from mnist.metrics import Evaluation
 
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.json"
-MODEL_FILE = "model.pt"  # LeNet5 state_dict
-TENSORBOARD_DIR = "tensorboard"
 # OneCycleLR's warm-up share of all steps (its default).
 ONECYCLE_WARMUP_FRACTION = 0.3
 
@@ -42,13 +40,6 @@ def resolve_device(name: str) -> torch.device:
 
 def default_output_dir(args: MnistArguments, trainer: str) -> Path:
     return Path(args.output_dir or f"runs/mnist_{trainer}")
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and CUDA) so a run repeats."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def count_training_steps(args: MnistArguments, batches_per_epoch: int) -> int:
@@ -78,20 +69,18 @@ def build_lr_scheduler(
 
 def epoch_record(
     epoch: int,
-    train_loss: float,
-    train_acc: float,
-    val_loss: float | None,
-    val_acc: float | None,
+    train: Evaluation,
+    val: Evaluation | None,
     learning_rate: float,
     seconds: float,
 ) -> dict[str, Any]:
-    """One entry of metrics.json's history."""
+    """One entry of metrics.json's history; `val` is None without a validation split."""
     return {
         "epoch": epoch,
-        "train_loss": train_loss,
-        "train_acc": train_acc,
-        "val_loss": val_loss,
-        "val_acc": val_acc,
+        "train_loss": train.loss,
+        "train_acc": train.accuracy,
+        "val_loss": val.loss if val else None,
+        "val_acc": val.accuracy if val else None,
         "learning_rate": learning_rate,
         "seconds": round(seconds, 3),
     }
@@ -103,33 +92,30 @@ def write_run_results(
     trainer: str,
     args: MnistArguments,
     model: nn.Module,
-    test_loss: float,
-    test_accuracy: float,
-    confusion_matrix: torch.Tensor,
+    test: Evaluation,
     history: list[dict[str, Any]],
     train_seconds: float,
-    sizes: dict[str, int],
-    data_source: str,
+    splits: DigitSplits,
     device: torch.device,
 ) -> dict[str, Any]:
     """Save the model's weights and metrics.json (atomically); return the metrics."""
-    torch.save(model.state_dict(), output_dir / MODEL_FILE)
+    torch.save(model.state_dict(), output_dir / MNIST_MODEL_FILE)
     metrics = {
         "trainer": trainer,
-        "test_accuracy": test_accuracy,
-        "test_loss": test_loss,
-        "confusion_matrix": confusion_matrix.cpu().long().tolist(),
+        "test_accuracy": test.accuracy,
+        "test_loss": test.loss,
+        "confusion_matrix": test.confusion_matrix.long().tolist(),
         "epochs": len(history),
         "train_seconds": round(train_seconds, 3),
-        **sizes,
-        "data_source": data_source,
+        **splits.sizes,
+        "data_source": splits.source,
         "device": str(device),
         "history": history,
         "hardware": hardware_description(),
         "versions": library_versions(),
         "config": dataclasses.asdict(args),
     }
-    write_json_atomic(output_dir / METRICS_FILE, metrics)
+    write_json_atomic(output_dir / MNIST_METRICS_FILE, metrics)
     return metrics
 
 

@@ -4,8 +4,10 @@
     python -m mnist.train_lightning --data_dir data/mnist --on_device_data true   # full MNIST
 
 The model is the plain `LeNet5` module; `LeNet5Module` adds the training system around it
-(loss, metrics, optimizer, logging) and `MnistDataModule` the data. Writes <output_dir>/
-metrics.json, model.pt and TensorBoard logs (tensorboard/), like the plain trainer.
+(loss, metrics, optimizer, logging), `MnistDataModule` the data, and two callbacks the side
+work: `EpochHistory` (metrics.json's history) and `LayerViews` (TensorBoard's layer views).
+Writes <output_dir>/metrics.json, model.pt and TensorBoard logs (tensorboard/), like the plain
+trainer.
 """
 
 from __future__ import annotations
@@ -13,41 +15,53 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.seed import seed_everything
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning_utilities.core import rank_zero as lightning_rank_zero
 from torch import Tensor
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from common.cli import entry_point, parse_args
 from common.files import atomic_dir
+from common.run_contract import (
+    EPOCH_TRAIN_ACC,
+    EPOCH_TRAIN_LOSS,
+    LEARNING_RATE,
+    TENSORBOARD_DIR,
+    TEST_ACC,
+    TEST_LOSS,
+    TRAIN_ACC,
+    TRAIN_LOSS,
+    VAL_ACC,
+    VAL_LOSS,
+)
 from mnist import viz
 from mnist.args import MnistArguments
 from mnist.data import (
-    NUM_CLASSES,
     DigitSplits,
     distort_images,
     load_digit_splits,
     locate_idx_files,
     make_batches,
-    normalize_images,
     resolve_data_source,
 )
 from mnist.experiment import (
-    TENSORBOARD_DIR,
     build_lr_scheduler,
     build_optimizer,
     default_output_dir,
     epoch_record,
     resolve_device,
     result_line,
-    seed_everything,
     write_run_results,
 )
+from mnist.metrics import DigitMetrics, Evaluation
 from mnist.model import LeNet5
 
 logger = logging.getLogger(__name__)
@@ -92,22 +106,21 @@ class MnistDataModule(L.LightningDataModule):
 
 
 class LeNet5Module(L.LightningModule):
-    """LeNet-5 with cross-entropy, torchmetrics accuracy and the shared TensorBoard logging."""
+    """LeNet-5 with cross-entropy, the shared torchmetrics metrics and an optimizer."""
+
+    STAGE_TAGS = {"val": (VAL_LOSS, VAL_ACC), "test": (TEST_LOSS, TEST_ACC)}
 
     def __init__(self, args: MnistArguments) -> None:
         super().__init__()
         self.args = args
         self.model = LeNet5()
-        # One loss mean and one accuracy per stage; attributes, not a ModuleDict, because
-        # "train" clashes with nn.Module.train.
-        for stage in ("train", "val", "test"):
-            setattr(self, f"{stage}_loss", MeanMetric())
-            setattr(self, f"{stage}_acc", MulticlassAccuracy(NUM_CLASSES, average="micro"))
-        self.test_confusion = MulticlassConfusionMatrix(NUM_CLASSES)
-        self.history: list[dict[str, Any]] = []
+        # One set per stage; attributes, not a ModuleDict, because "train" clashes with
+        # nn.Module.train.
+        self.train_metrics = DigitMetrics()
+        self.val_metrics = DigitMetrics()
+        self.test_metrics = DigitMetrics(with_confusion_matrix=True)
+        self.test_evaluation: Evaluation | None = None
         self.generator: torch.Generator | None = None
-        self.epoch_start = 0.0
-        self.epoch_learning_rate = 0.0
 
     def forward(self, images: Tensor) -> Tensor:
         return self.model(images)
@@ -117,23 +130,21 @@ class LeNet5Module(L.LightningModule):
         if stage == "train" and self.generator is not None:
             images = distort_images(images, self.generator)
         logits = self.model(images)
-        loss = F.cross_entropy(logits, labels)
-        loss_mean = getattr(self, f"{stage}_loss")
-        accuracy = getattr(self, f"{stage}_acc")
-        loss_mean.update(loss.detach(), weight=len(labels))
-        batch_accuracy = accuracy(logits, labels)  # also accumulates the epoch's accuracy
+        digit_losses = F.cross_entropy(logits, labels, reduction="none")
+        loss = digit_losses.mean()
+        metrics = getattr(self, f"{stage}_metrics")
+        batch_accuracy = metrics(logits, labels, digit_losses)
         if stage == "train":
             learning_rate = self.optimizers().optimizer.param_groups[0]["lr"]
-            self.log(viz.TRAIN_LOSS, loss, on_step=True, on_epoch=False, prog_bar=True)
-            self.log(viz.TRAIN_ACC, batch_accuracy, on_step=True, on_epoch=False)
-            self.log(viz.LEARNING_RATE, learning_rate, on_step=True, on_epoch=False)
-            self.log(viz.EPOCH_TRAIN_LOSS, loss_mean, on_step=False, on_epoch=True)
-            self.log(viz.EPOCH_TRAIN_ACC, accuracy, on_step=False, on_epoch=True)
+            self.log(TRAIN_LOSS, loss, on_step=True, on_epoch=False, prog_bar=True)
+            self.log(TRAIN_ACC, batch_accuracy, on_step=True, on_epoch=False)
+            self.log(LEARNING_RATE, learning_rate, on_step=True, on_epoch=False)
+            self.log(EPOCH_TRAIN_LOSS, metrics.loss, on_step=False, on_epoch=True)
+            self.log(EPOCH_TRAIN_ACC, metrics.accuracy, on_step=False, on_epoch=True)
         else:
-            self.log(f"{stage}/loss", loss_mean, on_step=False, on_epoch=True)
-            self.log(f"{stage}/acc", accuracy, on_step=False, on_epoch=True, prog_bar=True)
-        if stage == "test":
-            self.test_confusion.update(logits.argmax(dim=1), labels)
+            loss_tag, accuracy_tag = self.STAGE_TAGS[stage]
+            self.log(loss_tag, metrics.loss, on_step=False, on_epoch=True)
+            self.log(accuracy_tag, metrics.accuracy, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_index: int) -> Tensor:
@@ -145,6 +156,14 @@ class LeNet5Module(L.LightningModule):
     def test_step(self, batch: tuple[Tensor, Tensor], batch_index: int) -> Tensor:
         return self._common_step(batch, "test")
 
+    def on_test_epoch_end(self) -> None:
+        # Lightning resets the logged metrics right after this hook.
+        self.test_evaluation = self.test_metrics.compute()
+
+    def on_train_start(self) -> None:
+        if self.args.distort:
+            self.generator = torch.Generator(self.device).manual_seed(self.args.seed)
+
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.args)
         total_steps = int(self.trainer.estimated_stepping_batches)
@@ -154,52 +173,70 @@ class LeNet5Module(L.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
 
-    def _probe_images(self) -> Tensor:
-        splits = self.trainer.datamodule.splits
-        digits = splits.test_images[viz.select_probe_digits(splits.test_labels)]
-        return normalize_images(digits).to(self.device)
 
-    def on_train_start(self) -> None:
-        if self.args.distort:
-            self.generator = torch.Generator(self.device).manual_seed(self.args.seed)
-        writer = self.logger.experiment
-        probe_images = self._probe_images()
-        viz.log_model_graph(writer, self.model, probe_images)
-        viz.log_layers(writer, self.model, probe_images, step=0)
+class EpochHistory(L.Callback):
+    """metrics.json's history: per epoch, the training and validation metrics, the learning
+    rate the epoch started with and its seconds."""
 
-    def on_train_epoch_start(self) -> None:
+    def __init__(self) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.val: Evaluation | None = None
+        self.epoch_start = 0.0
+        self.learning_rate = 0.0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
         self.epoch_start = time.perf_counter()
-        self.epoch_learning_rate = self.optimizers().optimizer.param_groups[0]["lr"]
+        self.learning_rate = trainer.optimizers[0].param_groups[0]["lr"]
+        self.val = None
 
-    def on_train_epoch_end(self) -> None:
-        # Runs after this epoch's validation; Lightning logs and resets the train metrics
-        # only after this hook, so they still hold the epoch's values here.
-        val_loss = self.trainer.callback_metrics.get(viz.VAL_LOSS)
-        val_acc = self.trainer.callback_metrics.get(viz.VAL_ACC)
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
+        # Before Lightning computes and resets the logged validation metrics.
+        self.val = pl_module.val_metrics.compute()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
+        # After this epoch's validation, before Lightning resets the logged train metrics.
         self.history.append(
             epoch_record(
-                self.current_epoch + 1,
-                self.train_loss.compute().item(),
-                self.train_acc.compute().item(),
-                val_loss.item() if val_loss is not None else None,
-                val_acc.item() if val_acc is not None else None,
-                self.epoch_learning_rate,
+                trainer.current_epoch + 1,
+                pl_module.train_metrics.compute(),
+                self.val,
+                self.learning_rate,
                 time.perf_counter() - self.epoch_start,
             )
         )
-        viz.log_layers(self.logger.experiment, self.model, self._probe_images(), self.global_step)
 
-    def on_train_end(self) -> None:
-        splits = self.trainer.datamodule.splits
-        projector = viz.select_projector_digits(
-            len(splits.test_labels), self.args.num_projector_digits
+
+class LayerViews(L.Callback):
+    """The TensorBoard views of `mnist.viz`: the graph and the layers before training, the
+    layers after each epoch, the projector embedding at the end."""
+
+    def __init__(self, num_projector_digits: int) -> None:
+        self.num_projector_digits = num_projector_digits
+        self.probe_images: Tensor | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
+        splits = trainer.datamodule.splits
+        self.probe_images = viz.select_probe_images(
+            splits.test_images, splits.test_labels, pl_module.device
         )
+        writer = trainer.logger.experiment
+        viz.log_model_graph(writer, pl_module.model, self.probe_images)
+        viz.log_layers(writer, pl_module.model, self.probe_images, step=0)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
+        viz.log_layers(
+            trainer.logger.experiment, pl_module.model, self.probe_images, trainer.global_step
+        )
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
+        splits = trainer.datamodule.splits
         viz.log_embedding(
-            self.logger.experiment,
-            self.model,
-            splits.test_images[projector],
-            splits.test_labels[projector],
-            self.global_step,
+            trainer.logger.experiment,
+            pl_module.model,
+            splits.test_images,
+            splits.test_labels,
+            self.num_projector_digits,
+            trainer.global_step,
         )
 
 
@@ -210,6 +247,27 @@ def lightning_device(device: torch.device) -> tuple[str, list[int] | int]:
     return device.type, 1
 
 
+def without_litlogger_tip(record: logging.LogRecord) -> bool:
+    return "litlogger" not in record.getMessage()
+
+
+@contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Silence, for one run only, the lines Lightning prints that do not apply to it."""
+    info_logger = lightning_rank_zero.log  # where Lightning's rank_zero_info writes
+    with warnings.catch_warnings():
+        # The digits are in memory already: worker processes would only add start-up time.
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        # One process on one device: never a parallel job that srun should launch.
+        warnings.filterwarnings("ignore", "The `srun` command is available", PossibleUserWarning)
+        # An advert for a cloud logging service; this run logs to TensorBoard.
+        info_logger.addFilter(without_litlogger_tip)
+        try:
+            yield
+        finally:
+            info_logger.removeFilter(without_litlogger_tip)
+
+
 def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
     """Train, evaluate on the test split, write the run folder; return metrics.json's content."""
     device = resolve_device(args.device)
@@ -218,14 +276,12 @@ def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
     datamodule.prepare_data()
     datamodule.setup("fit")
     with (
-        warnings.catch_warnings(),
+        quiet_lightning(),
         atomic_dir(default_output_dir(args, TRAINER), overwrite=args.overwrite) as run_dir,
     ):
-        # The digits are in memory already: worker processes would only add start-up time.
-        # Silenced for this run only, not for the rest of the calling process.
-        warnings.filterwarnings("ignore", ".*does not have many workers.*")
         seed_everything(args.seed)
         module = LeNet5Module(args)
+        history = EpochHistory()
         accelerator, devices = lightning_device(device)
         trainer = L.Trainer(
             accelerator=accelerator,
@@ -235,6 +291,7 @@ def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
             logger=TensorBoardLogger(
                 save_dir=run_dir, name=TENSORBOARD_DIR, version="", default_hp_metric=False
             ),
+            callbacks=[history, LayerViews(args.num_projector_digits)],
             log_every_n_steps=args.log_every_n_steps,
             # The run folder gets model.pt at the end; per-epoch checkpoints would be noise.
             enable_checkpointing=False,
@@ -244,19 +301,16 @@ def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
         start = time.perf_counter()
         trainer.fit(module, datamodule=datamodule)
         train_seconds = time.perf_counter() - start
-        (test_results,) = trainer.test(module, datamodule=datamodule, verbose=False)
+        trainer.test(module, datamodule=datamodule, verbose=False)
         return write_run_results(
             run_dir,
             trainer=TRAINER,
             args=args,
             model=module.model,
-            test_loss=test_results[viz.TEST_LOSS],
-            test_accuracy=test_results[viz.TEST_ACC],
-            confusion_matrix=module.test_confusion.compute(),
-            history=module.history,
+            test=module.test_evaluation,
+            history=history.history,
             train_seconds=train_seconds,
-            sizes=datamodule.splits.sizes,
-            data_source=datamodule.splits.source,
+            splits=datamodule.splits,
             device=device,
         )
 

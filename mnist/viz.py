@@ -1,12 +1,14 @@
 """TensorBoard logging shared by both trainers, so both runs show the same tags.
 
-Scalars are written by the trainers with the tag names below (the plain loop through
-`SummaryWriter.add_scalar`, Lightning through `self.log`); everything else goes through the
-functions here, given the `SummaryWriter` (Lightning's `TensorBoardLogger.experiment`).
+Scalars are written by the trainers with the tag names of `common.run_contract` (the plain
+loop through `SummaryWriter.add_scalar`, Lightning through `self.log`); everything else goes
+through the functions here, given the `SummaryWriter` (Lightning's
+`TensorBoardLogger.experiment`).
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import numpy as np
@@ -16,18 +18,17 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import make_grid
 
+from common.run_contract import (
+    ACTIVATIONS_PREFIX,
+    FEATURE_MAPS_PREFIX,
+    FILTERS_PREFIX,
+    WEIGHTS_PREFIX,
+)
 from mnist.data import NUM_CLASSES, normalize_images
 from mnist.model import CONV_LAYERS, PENULTIMATE_LAYER, LeNet5
 
-TRAIN_LOSS = "train/loss"  # per logged step
-TRAIN_ACC = "train/acc"
-LEARNING_RATE = "train/learning_rate"
-EPOCH_TRAIN_LOSS = "epoch/train_loss"  # mean over the epoch's batches
-EPOCH_TRAIN_ACC = "epoch/train_acc"
-VAL_LOSS = "val/loss"  # per epoch
-VAL_ACC = "val/acc"
-TEST_LOSS = "test/loss"  # once, at the end
-TEST_ACC = "test/acc"
+logger = logging.getLogger(__name__)
+
 PROJECTOR_TAG = f"penultimate_{PENULTIMATE_LAYER}"
 # Filters are 5x5 and deep feature maps 10x10: enlarged so they are visible at TensorBoard's
 # default zoom.
@@ -36,8 +37,22 @@ FEATURE_MAP_SIZE = 28
 
 
 def select_probe_digits(labels: Tensor) -> Tensor:
-    """Indices of the first digit of each class: the fixed digits whose feature maps we show."""
-    return torch.stack([torch.nonzero(labels == digit)[0, 0] for digit in range(NUM_CLASSES)])
+    """Indices of the first digit of each class present: the fixed digits whose feature maps
+    we show. A test set may lack some digits; they get no row, and the log says so."""
+    present = labels.unique().tolist()
+    absent = sorted(set(range(NUM_CLASSES)) - set(present))
+    if absent:
+        logger.info(
+            "the test set has no digit %s: the feature maps show one row for each of %s",
+            ", ".join(map(str, absent)),
+            ", ".join(map(str, present)),
+        )
+    return torch.stack([torch.nonzero(labels == digit)[0, 0] for digit in present])
+
+
+def select_probe_images(images: Tensor, labels: Tensor, device: torch.device) -> Tensor:
+    """The probe digits of uint8 `images` (N, 28, 28), normalised (P, 1, 28, 28) on `device`."""
+    return normalize_images(images[select_probe_digits(labels)]).to(device)
 
 
 def select_projector_digits(num_digits: int, count: int) -> Tensor:
@@ -85,23 +100,30 @@ def log_layers(writer: SummaryWriter, model: LeNet5, probe_images: Tensor, step:
     activations = model.forward_with_activations(probe_images)
     for layer in CONV_LAYERS:
         writer.add_image(
-            f"feature_maps/{layer}", feature_map_grid(probe_images, activations[layer]), step
+            FEATURE_MAPS_PREFIX + layer, feature_map_grid(probe_images, activations[layer]), step
         )
-        writer.add_image(f"filters/{layer}", filter_grid(getattr(model, layer).weight), step)
+        writer.add_image(FILTERS_PREFIX + layer, filter_grid(getattr(model, layer).weight), step)
     for name, module in model.named_children():
         if hasattr(module, "weight"):
-            writer.add_histogram(f"weights/{name}", module.weight, step)
+            writer.add_histogram(WEIGHTS_PREFIX + name, module.weight, step)
     for name, value in activations.items():
-        writer.add_histogram(f"activations/{name}", value, step)
+        writer.add_histogram(ACTIVATIONS_PREFIX + name, value, step)
     model.train(was_training)
 
 
 @torch.no_grad()
 def log_embedding(
-    writer: SummaryWriter, model: LeNet5, images: Tensor, labels: Tensor, step: int
+    writer: SummaryWriter,
+    model: LeNet5,
+    images: Tensor,
+    labels: Tensor,
+    num_digits: int,
+    step: int,
 ) -> None:
-    """Penultimate-layer features of `images` (uint8, N x 28 x 28) for the PROJECTOR tab,
-    with each digit's thumbnail and label."""
+    """Penultimate-layer features of a fixed `num_digits` of `images` (uint8, N x 28 x 28)
+    for the PROJECTOR tab, with each digit's thumbnail and label."""
+    chosen = select_projector_digits(len(labels), num_digits)
+    images, labels = images[chosen], labels[chosen]
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
