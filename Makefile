@@ -40,7 +40,7 @@ demo: install
 	OMP_NUM_THREADS=1 $(PY) -m mnist.train --output_dir $(DEMO_DIR)/mnist --overwrite
 	OMP_NUM_THREADS=1 $(PY) -m mnist.train_lightning --output_dir $(DEMO_DIR)/mnist_lightning \
 		--overwrite
-	$(PY) -m common.report $(DEMO_DIR)/gpt2_tiny $(DEMO_DIR)/mnist $(DEMO_DIR)/mnist_lightning \
+	$(PY) -m report $(DEMO_DIR)/gpt2_tiny $(DEMO_DIR)/mnist $(DEMO_DIR)/mnist_lightning \
 		--out $(DEMO_DIR)/report --overwrite
 
 clean:

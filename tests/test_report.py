@@ -1,20 +1,29 @@
-"""The run report (common.report) on real tiny runs of both stages, and on damaged run folders."""
+"""The run report (python -m report) on real tiny runs of both stages, and on damaged run
+folders."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
 
-from common import report
+from common import run_contract as contract
 from common.cli import InputError
-from common.run_folder import SUMMARY_FILES, find_event_dirs, load_run
+from report import build
+from report.__main__ import main as run_report
+from report.run_folder import find_event_dirs, load_run
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------- real tiny runs (once per module)
 
@@ -44,16 +53,34 @@ def gpt_run_dir(tmp_path_factory, wos_corpus_dir, tiny_tokenizer_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
+def gpt_cpu_run_dir(tmp_path_factory, wos_corpus_dir, tiny_tokenizer_dir) -> Path:
+    """A pretraining run as a CPU gives it: no peak FLOP/s known, hence no MFU. 4 steps."""
+    from pretrain_runs import tiny_run_argv
+
+    from pretrain.run import main as pretrain
+
+    root = tmp_path_factory.mktemp("gpt_cpu")
+    output_dir = root / "gpt_cpu"
+    argv = tiny_run_argv(
+        wos_corpus_dir, tiny_tokenizer_dir, root / "cache", output_dir, num_blocks=16
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+        assert pretrain(argv) == 0
+    return output_dir
+
+
+@pytest.fixture(scope="module")
 def gpt_report_dir(gpt_run_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "gpt"
-    assert report.main([str(gpt_run_dir), "--out", str(out)]) == 0
+    assert run_report([str(gpt_run_dir), "--out", str(out)]) == 0
     return out
 
 
 @pytest.fixture(scope="module")
 def mnist_report_dir(mnist_pytorch_run, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "mnist"
-    assert report.main([str(mnist_pytorch_run), "--out", str(out)]) == 0
+    assert run_report([str(mnist_pytorch_run), "--out", str(out)]) == 0
     return out
 
 
@@ -106,32 +133,38 @@ def label_of(rows, key: str) -> str:
     return next(row.label for row in rows if row.key == key)
 
 
+def assert_rows_show_required_keys(
+    results, rows, summary, required_keys, not_in_table=("summary_version",)
+) -> None:
+    """Every required summary key that holds one value has its row, showing that value."""
+    row_keys = {row.key for row in rows}
+    scalar_keys = [
+        key
+        for key in required_keys
+        if key not in not_in_table and not isinstance(summary[key], dict | list)
+    ]
+    assert set(scalar_keys) <= row_keys, set(scalar_keys) - row_keys
+    for key in scalar_keys:
+        (cell,) = results[label_of(rows, key)]
+        assert_cell_shows(cell, summary[key], key)
+
+
 # ---------------------------------------------------------------- reports of real runs
 
 
 def test_gpt_report_numbers_equal_the_summary(gpt_run_dir, gpt_report_dir):
-    summary = json.loads((gpt_run_dir / "run_summary.json").read_text())
-    markdown = (gpt_report_dir / "report.md").read_text()
+    summary = json.loads((gpt_run_dir / contract.GPT_SUMMARY_FILE).read_text())
+    markdown = (gpt_report_dir / build.REPORT_FILE).read_text()
     results = table_after(markdown, "## GPT-2 pretraining")
-    for key in (
-        "wall_seconds",
-        "train_loop_seconds",
-        "tokens_trained",
-        "tokens_per_second",
-        "mfu",
-        "final_loss",
-        "final_loss_window",
-        "loss_threshold",
-        "loss_below_threshold",
-        "eval_loss",
-        "perplexity",
-        "max_steps",
-        "global_batch_tokens",
-        "num_parameters",
-    ):
-        (cell,) = results[label_of(report.GPT_ROWS, key)]
-        assert_cell_shows(cell, summary[key], key)
-    (pass_cell,) = results[label_of(report.GPT_ROWS, "loss_below_threshold")]
+    assert_rows_show_required_keys(
+        results,
+        build.GPT_ROWS,
+        summary,
+        contract.GPT_REQUIRED_KEYS,
+        not_in_table=("summary_version", "accelerator_state"),
+    )
+    assert summary["accelerator_state"].strip() in markdown
+    (pass_cell,) = results[label_of(build.GPT_ROWS, "loss_below_threshold")]
     assert pass_cell == ("pass" if summary["final_loss"] < summary["loss_threshold"] else "fail")
 
     speed = table_after(markdown, "### Speed settings in force")
@@ -143,16 +176,41 @@ def test_gpt_report_numbers_equal_the_summary(gpt_run_dir, gpt_report_dir):
 
 
 def test_gpt_report_figures(gpt_run_dir, gpt_report_dir):
-    markdown = (gpt_report_dir / "report.md").read_text()
+    markdown = (gpt_report_dir / build.REPORT_FILE).read_text()
     figures = embedded_figures(markdown)
     assert {"gpt_loss.png", "gpt_learning_rate.png", "gpt_throughput.png"} <= set(figures)
     for name in figures:
         assert_png_not_blank(gpt_report_dir / name)
     # GPU curves only when the run sampled a GPU (not on a CPU test machine).
-    assert ("gpt_gpu.png" in figures) == (
-        "gpu/utilization_percent" in load_run(gpt_run_dir).scalars
-    )
+    assert ("gpt_gpu.png" in figures) == (contract.GPU_UTILIZATION in load_run(gpt_run_dir).scalars)
     assert "Notes" not in markdown, "a finished run needs no notes"
+    assert build.NO_PEAK_FLOPS not in markdown, "the run was given a peak, so it has an MFU"
+
+
+def test_run_without_peak_flops_has_no_empty_mfu_panel(
+    gpt_cpu_run_dir, gpt_run_dir, gpt_report_dir, tmp_path
+):
+    cpu_run = load_run(gpt_cpu_run_dir)
+    assert contract.MFU not in cpu_run.scalars and cpu_run.summary["mfu"] is None
+    out = tmp_path / "report"
+    assert run_report([str(gpt_cpu_run_dir), "--out", str(out)]) == 0
+    markdown = (out / build.REPORT_FILE).read_text()
+    assert f"MFU of `gpt_cpu`: not shown, {build.NO_PEAK_FLOPS}" in markdown
+    results = table_after(markdown, "## GPT-2 pretraining")
+    assert results[label_of(build.GPT_ROWS, "mfu")] == ["n/a"]
+    # The throughput figure holds the tokens/s panel alone: half as wide as with the MFU panel.
+    alone = assert_png_not_blank(out / "gpt_throughput.png")
+    with_mfu = mpimg.imread(gpt_report_dir / "gpt_throughput.png")
+    assert alone.shape[0] == with_mfu.shape[0]
+    assert alone.shape[1] == pytest.approx(with_mfu.shape[1] / 2, abs=2)
+
+    # Compared with a run that has an MFU: the panel is drawn, the note names only the other run.
+    out = tmp_path / "compare"
+    assert run_report([str(gpt_run_dir), str(gpt_cpu_run_dir), "--out", str(out)]) == 0
+    markdown = (out / build.REPORT_FILE).read_text()
+    assert mpimg.imread(out / "gpt_throughput.png").shape == with_mfu.shape
+    assert f"MFU of `gpt_cpu`: not shown, {build.NO_PEAK_FLOPS}" in markdown
+    assert "MFU of `gpt_tiny`" not in markdown
 
 
 def test_gpu_samples_and_nvidia_smi_snapshot_are_reported(gpt_run_dir, tmp_path):
@@ -162,28 +220,33 @@ def test_gpu_samples_and_nvidia_smi_snapshot_are_reported(gpt_run_dir, tmp_path)
 
     gpu_run = tmp_path / "gpt_gpu"
     shutil.copytree(gpt_run_dir, gpu_run)
-    with SummaryWriter(str(gpu_run / "tensorboard")) as writer:
+    with SummaryWriter(str(gpu_run / contract.TENSORBOARD_DIR)) as writer:
         for step in range(1, 13):
-            writer.add_scalar("gpu/utilization_percent", 90.0 + step % 3, step)
-            writer.add_scalar("gpu/memory_used_gib", 20.0 + step / 10, step)
-            writer.add_scalar("gpu/power_watts", 400.0 + step, step)
+            writer.add_scalar(contract.GPU_UTILIZATION, 90.0 + step % 3, step)
+            writer.add_scalar(contract.GPU_MEMORY_USED, 20.0 + step / 10, step)
+            writer.add_scalar(contract.GPU_POWER, 400.0 + step, step)
     snapshot = "| NVIDIA-SMI 580.65  Driver Version: 580.65 |\n|  0  NVIDIA H200  95% |\n"
-    (gpu_run / "nvidia-smi.txt").write_text(snapshot)
+    (gpu_run / contract.NVIDIA_SMI_FILE).write_text(snapshot)
 
     out = tmp_path / "report"
-    markdown = report.write_report([gpu_run], out).read_text()
+    markdown = build.write_report([gpu_run], out).read_text()
     assert "gpt_gpu.png" in embedded_figures(markdown)
     assert_png_not_blank(out / "gpt_gpu.png")
     assert snapshot.strip() in markdown
 
 
 def test_mnist_report_numbers_and_figures(mnist_pytorch_run, mnist_report_dir):
-    metrics = json.loads((mnist_pytorch_run / "metrics.json").read_text())
-    markdown = (mnist_report_dir / "report.md").read_text()
+    metrics = json.loads((mnist_pytorch_run / contract.MNIST_METRICS_FILE).read_text())
+    markdown = (mnist_report_dir / build.REPORT_FILE).read_text()
     results = table_after(markdown, "## LeNet-5 on MNIST")
-    for key in ("test_accuracy", "test_loss", "epochs", "train_seconds", "num_train", "num_test"):
-        (cell,) = results[label_of(report.MNIST_ROWS, key)]
-        assert_cell_shows(cell, metrics[key], key)
+    assert_rows_show_required_keys(results, build.MNIST_ROWS, metrics, contract.MNIST_REQUIRED_KEYS)
+    # The settings of one run: the options that hold a value, none shown as n/a.
+    config = metrics["config"]
+    assert None in config.values(), "the run should leave an option unset (e.g. data_dir)"
+    settings = table_after(markdown, "### Settings")
+    assert set(settings) == {name for name, value in config.items() if value is not None}
+    for name, (cell,) in settings.items():
+        assert_cell_shows(cell, config[name], name)
     figures = embedded_figures(markdown)
     stem = mnist_pytorch_run.name
     assert {
@@ -201,19 +264,31 @@ def test_overlay_of_runs(
 ):
     out = tmp_path / "report"
     run_dirs = [mnist_pytorch_run, mnist_lightning_run, gpt_run_dir]
-    assert report.main([*map(str, run_dirs), "--out", str(out)]) == 0
-    markdown = (out / "report.md").read_text()
+    assert run_report([*map(str, run_dirs), "--out", str(out)]) == 0
+    markdown = (out / build.REPORT_FILE).read_text()
     # One column per run of each kind, in the order given.
     results = table_after(markdown, "## LeNet-5 on MNIST")
-    assert results[label_of(report.MNIST_ROWS, "trainer")] == ["pytorch", "lightning"]
-    for run_dir, cell in zip(
-        run_dirs[:2], results[label_of(report.MNIST_ROWS, "test_accuracy")], strict=True
+    assert results[label_of(build.MNIST_ROWS, "trainer")] == ["pytorch", "lightning"]
+    metrics = [json.loads((d / contract.MNIST_METRICS_FILE).read_text()) for d in run_dirs[:2]]
+    for run_metrics, cell in zip(
+        metrics, results[label_of(build.MNIST_ROWS, "test_accuracy")], strict=True
     ):
-        assert_cell_shows(
-            cell, json.loads((run_dir / "metrics.json").read_text())["test_accuracy"], "acc"
-        )
+        assert_cell_shows(cell, run_metrics["test_accuracy"], "acc")
+    # Settings: a table of the options that differ, one line naming those set alike.
+    configs = [run_metrics["config"] for run_metrics in metrics]
+    differing = [name for name in configs[0] if configs[0][name] != configs[1][name]]
+    assert {"on_device_data", "max_steps"} <= set(differing)
+    settings = table_after(markdown, "### Settings that differ between the runs")
+    assert list(settings) == differing
+    for name, cells in settings.items():
+        for cell, config in zip(cells, configs, strict=True):
+            assert_cell_shows(cell, config[name], name)
+    alike_line = next(line for line in markdown.splitlines() if line.startswith("Alike in"))
+    alike = [name for name in configs[0] if name not in differing and configs[0][name] is not None]
+    assert re.findall(r"`(\w+)`", alike_line) == alike
+    assert f"`epochs` {configs[0]['epochs']}," in alike_line
     gpt_results = table_after(markdown, "## GPT-2 pretraining")
-    assert len(gpt_results[label_of(report.GPT_ROWS, "final_loss")]) == 1
+    assert len(gpt_results[label_of(build.GPT_ROWS, "final_loss")]) == 1
     # Shared curve figures, and a confusion matrix per run.
     for run_dir in run_dirs[:2]:
         assert f"mnist_confusion_matrix_{run_dir.name}.png" in embedded_figures(markdown)
@@ -229,7 +304,7 @@ def test_overlay_of_runs(
 
 
 def test_missing_run_folder_is_an_input_error(tmp_path, capsys):
-    assert report.main([str(tmp_path / "nope"), "--out", str(tmp_path / "r")]) == 2
+    assert run_report([str(tmp_path / "nope"), "--out", str(tmp_path / "r")]) == 2
     assert "nope does not exist" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
     with pytest.raises(InputError, match="is not a folder"):
@@ -237,17 +312,35 @@ def test_missing_run_folder_is_an_input_error(tmp_path, capsys):
 
 
 def test_existing_output_folder_needs_overwrite(mnist_pytorch_run, mnist_report_dir, capsys):
-    assert report.main([str(mnist_pytorch_run), "--out", str(mnist_report_dir)]) == 2
+    assert run_report([str(mnist_pytorch_run), "--out", str(mnist_report_dir)]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_overwrite_replaces_only_an_earlier_report(
+    mnist_pytorch_run, mnist_report_dir, tmp_path, capsys
+):
+    run = tmp_path / "mnist_run"
+    shutil.copytree(mnist_pytorch_run, run)
+    files_before = sorted(run.rglob("*"))
+    assert run_report([str(run), "--out", str(run), "--overwrite"]) == 2
+    assert "is not a report" in capsys.readouterr().err
+    assert sorted(run.rglob("*")) == files_before, "the run folder must stay as it was"
+
+    earlier = tmp_path / "earlier_report"
+    shutil.copytree(mnist_report_dir, earlier)
+    (earlier / "stale.png").write_bytes(b"left over")
+    assert run_report([str(run), "--out", str(earlier), "--overwrite"]) == 0
+    assert not (earlier / "stale.png").exists()
+    assert "mnist_run" in (earlier / build.REPORT_FILE).read_text()
 
 
 def test_folder_without_anything_is_reported(tmp_path):
     empty = tmp_path / "empty_run"
     empty.mkdir()
-    path = report.write_report([empty], tmp_path / "report")
+    path = build.write_report([empty], tmp_path / "report")
     markdown = path.read_text()
     assert "no TensorBoard event files" in markdown
-    assert "no run_summary.json or metrics.json" in markdown
+    assert f"no {contract.GPT_SUMMARY_FILE} or {contract.MNIST_METRICS_FILE}" in markdown
     assert "## Unrecognised folders" in markdown
 
 
@@ -256,57 +349,108 @@ def test_no_screenshot_of_runs_without_scalars(tmp_path):
     empty = tmp_path / "empty_run"
     empty.mkdir()
     out = tmp_path / "report"
-    assert report.main([str(empty), "--out", str(out), "--tensorboard-screenshot"]) == 1
-    assert "no TensorBoard screenshot" in (out / "report.md").read_text()
-    assert not (out / report.SCREENSHOT_FILE).exists()
+    assert run_report([str(empty), "--out", str(out), "--tensorboard-screenshot"]) == 1
+    assert "no TensorBoard screenshot" in (out / build.REPORT_FILE).read_text()
+    assert not (out / build.SCREENSHOT_FILE).exists()
 
 
 def test_run_in_progress_is_reported_from_its_events(gpt_run_dir, tmp_path):
     # As the run looks while training: no summary yet, the newest event file cut mid-record.
     running = tmp_path / "gpt_running"
     shutil.copytree(gpt_run_dir, running)
-    (running / SUMMARY_FILES["gpt"]).unlink()
+    (running / contract.GPT_SUMMARY_FILE).unlink()
     event_file = max(find_event_dirs(running)[0].glob("*tfevents*"), key=lambda p: p.stat().st_size)
     data = event_file.read_bytes()
     event_file.write_bytes(data[: len(data) * 2 // 3])
 
     record = load_run(running)
     assert record.kind == "gpt", "the kind comes from the tags when no summary exists"
-    assert len(record.scalars["train/loss"].values) >= 1
-    path = report.write_report([running], tmp_path / "report")
+    assert len(record.scalars[contract.TRAIN_LOSS].values) >= 1
+    path = build.write_report([running], tmp_path / "report")
     markdown = path.read_text()
     assert "unfinished" in markdown
     results = table_after(markdown, "## GPT-2 pretraining")
-    assert results[label_of(report.GPT_ROWS, "final_loss")] == ["n/a"]
+    assert results[label_of(build.GPT_ROWS, "final_loss")] == ["n/a"]
     assert_png_not_blank(path.parent / "gpt_loss.png")
 
 
 def test_older_summary_version_and_missing_keys(gpt_run_dir, tmp_path):
     old = tmp_path / "gpt_old"
     shutil.copytree(gpt_run_dir, old)
-    summary_path = old / SUMMARY_FILES["gpt"]
+    summary_path = old / contract.GPT_SUMMARY_FILE
     summary = json.loads(summary_path.read_text())
     summary["summary_version"] = 0
     del summary["mfu"], summary["speed_settings"]
     summary_path.write_text(json.dumps(summary))
 
-    markdown = report.write_report([old], tmp_path / "report").read_text()
+    markdown = build.write_report([old], tmp_path / "report").read_text()
     assert "summary_version 0" in markdown
     assert "lacks mfu, speed_settings" in markdown
     results = table_after(markdown, "## GPT-2 pretraining")
-    assert results[label_of(report.GPT_ROWS, "mfu")] == ["n/a"]
+    assert results[label_of(build.GPT_ROWS, "mfu")] == ["n/a"]
     assert_cell_shows(
-        results[label_of(report.GPT_ROWS, "tokens_trained")][0], summary["tokens_trained"], "tokens"
+        results[label_of(build.GPT_ROWS, "tokens_trained")][0], summary["tokens_trained"], "tokens"
     )
 
 
 def test_unreadable_summary_is_reported(mnist_pytorch_run, tmp_path):
     broken = tmp_path / "mnist_broken"
     shutil.copytree(mnist_pytorch_run, broken)
-    (broken / SUMMARY_FILES["mnist"]).write_text('{"test_accuracy": 0.9')
-    markdown = report.write_report([broken], tmp_path / "report").read_text()
-    assert "metrics.json is not valid JSON" in markdown
+    (broken / contract.MNIST_METRICS_FILE).write_text('{"test_accuracy": 0.9')
+    markdown = build.write_report([broken], tmp_path / "report").read_text()
+    assert f"{contract.MNIST_METRICS_FILE} is not valid JSON" in markdown
     assert "mnist_loss.png" in embedded_figures(markdown)
+
+
+# ---------------------------------------------------------------- what the report depends on
+
+
+def test_the_report_runs_without_torch(mnist_pytorch_run, tmp_path):
+    # In a fresh interpreter: the test process itself has imported torch long ago.
+    out = tmp_path / "report"
+    script = (
+        "import sys\n"
+        "from report.__main__ import main\n"
+        f"assert main([{str(mnist_pytorch_run)!r}, '--out', {str(out)!r}]) == 0\n"
+        "assert 'torch' not in sys.modules, 'the report imported torch'\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mnist_loss.png" in embedded_figures((out / build.REPORT_FILE).read_text())
+
+
+def string_literals(path: Path) -> list[str]:
+    """The string constants of a module, docstrings left out (they may name files in prose)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+    ]
+
+
+def test_the_report_spells_no_file_name_or_tag_of_the_contract():
+    names = {
+        value
+        for key, value in vars(contract).items()
+        if key.isupper() and isinstance(value, str) and ("/" in value or "." in value)
+    }
+    assert {contract.GPT_SUMMARY_FILE, contract.TRAIN_LOSS, contract.MFU} <= names
+    for path in sorted((REPO_ROOT / "report").glob("*.py")):
+        spelled = {name for text in string_literals(path) for name in names if name in text}
+        assert not spelled, f"{path.name} spells {sorted(spelled)}: import them from the contract"
 
 
 # ---------------------------------------------------------------- TensorBoard in a real browser
@@ -318,10 +462,10 @@ def test_unreadable_summary_is_reported(mnist_pytorch_run, tmp_path):
 )
 def test_tensorboard_screenshot_shows_scalar_charts(mnist_pytorch_run, tmp_path):
     out = tmp_path / "report"
-    exit_code = report.main([str(mnist_pytorch_run), "--out", str(out), "--tensorboard-screenshot"])
+    exit_code = run_report([str(mnist_pytorch_run), "--out", str(out), "--tensorboard-screenshot"])
     assert exit_code == 0
-    assert report.SCREENSHOT_FILE in embedded_figures((out / "report.md").read_text())
-    pixels = assert_png_not_blank(out / report.SCREENSHOT_FILE)
+    assert build.SCREENSHOT_FILE in embedded_figures((out / build.REPORT_FILE).read_text())
+    pixels = assert_png_not_blank(out / build.SCREENSHOT_FILE)
     rgb = (pixels[..., :3] * 255).astype(int)
     # The curves of the first run are drawn in TensorBoard's orange; the empty "No dashboards
     # are active" page has none right of the run selector and below the toolbar.

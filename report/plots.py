@@ -2,7 +2,8 @@
 
 Curve figures take several runs and overlay them, one colour per run in every figure; the
 per-run figures (confusion matrix, feature maps) take one. Each function returns False and
-writes nothing when the runs hold none of the data it draws.
+writes nothing when the runs hold none of the data it draws; a panel no run has data for is
+left out of its figure rather than drawn empty.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from common.run_folder import RunRecord
+from report.run_folder import RunRecord
 
 # Smoothing as TensorBoard's slider does it (a debiased exponential moving average), with a
 # weight that averages over about 1/20 of the curve, so short and long runs both read clearly;
@@ -76,9 +77,15 @@ def ema(values: np.ndarray, weight: float) -> np.ndarray:
     return smoothed
 
 
+def has_data(runs: Sequence[RunRecord], panel: Panel) -> bool:
+    """Whether any run logged a curve of the panel."""
+    return any(curve.tag in run.scalars for run in runs for curve in panel.curves)
+
+
 def plot_panels(runs: Sequence[RunRecord], panels: Sequence[Panel], path: Path) -> bool:
-    """Draw `panels` side by side for all runs; False (no file) when no run has any curve."""
-    if not any(curve.tag in run.scalars for run in runs for p in panels for curve in p.curves):
+    """Draw the panels that have data side by side for all runs; False (no file) when none has."""
+    panels = [panel for panel in panels if has_data(runs, panel)]
+    if not panels:
         return False
     figure = Figure(figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), layout="constrained")
     # Panels of one figure share their x axis (steps or seconds), so events line up.

@@ -1,10 +1,10 @@
 """Read what a training run left in its folder: summary JSON, TensorBoard events, nvidia-smi.
 
-Both stages write the same kind of run folder (see the README): a summary JSON whose name
-says which stage wrote it (`run_summary.json` for GPT pretraining, `metrics.json` for the
-LeNet-5 trainers), TensorBoard event files under `tensorboard/`, and `nvidia-smi.txt` when a
-GPU was present. A run may be unfinished or from an older version: `load_run` then records
-what is missing in `RunRecord.notes` and returns whatever is there.
+Both stages write the same kind of run folder, described in `common/run_contract.py`: a
+summary JSON whose name says which stage wrote it, TensorBoard event files, and the
+`nvidia-smi` snapshot when a GPU was present. A run may be unfinished or from an older
+version: `load_run` then records what is missing in `RunRecord.notes` and returns whatever is
+there.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import numpy as np
 from matplotlib import image as mpimg
 from tensorboard.backend.event_processing import event_accumulator, io_wrapper
 
+from common import run_contract as contract
 from common.cli import InputError
-from common.gpu import NVIDIA_SMI_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -30,56 +30,13 @@ GPT_KIND = "gpt"
 MNIST_KIND = "mnist"
 UNKNOWN_KIND = "unknown"
 
-SUMMARY_FILES = {GPT_KIND: "run_summary.json", MNIST_KIND: "metrics.json"}
-
-# The GPT summary format this reader knows; MNIST's metrics.json carries no version.
-GPT_SUMMARY_VERSION = 1
-EXPECTED_SUMMARY_KEYS = {
-    GPT_KIND: (
-        "summary_version",
-        "wall_seconds",
-        "train_loop_seconds",
-        "tokens_trained",
-        "tokens_per_second",
-        "mfu",
-        "final_loss",
-        "final_loss_window",
-        "loss_threshold",
-        "loss_below_threshold",
-        "eval_loss",
-        "perplexity",
-        "max_steps",
-        "global_batch_tokens",
-        "num_parameters",
-        "hardware",
-        "versions",
-        "accelerator_state",
-        "config",
-        "speed_settings",
-    ),
-    MNIST_KIND: (
-        "trainer",
-        "test_accuracy",
-        "test_loss",
-        "confusion_matrix",
-        "epochs",
-        "train_seconds",
-        "num_train",
-        "num_val",
-        "num_test",
-        "data_source",
-        "device",
-        "history",
-        "hardware",
-        "versions",
-        "config",
-    ),
-}
+SUMMARY_FILES = {GPT_KIND: contract.GPT_SUMMARY_FILE, MNIST_KIND: contract.MNIST_METRICS_FILE}
+REQUIRED_KEYS = {GPT_KIND: contract.GPT_REQUIRED_KEYS, MNIST_KIND: contract.MNIST_REQUIRED_KEYS}
 
 # Tags only one stage writes: they tell the kind of a run that has no summary yet.
 KIND_MARKER_TAGS = {
-    GPT_KIND: ("perf/tokens_per_second", "perf/mfu", "train/grad_norm"),
-    MNIST_KIND: ("val/acc", "train/acc", "feature_maps/conv1"),
+    GPT_KIND: (contract.TOKENS_PER_SECOND, contract.MFU, contract.GRAD_NORM),
+    MNIST_KIND: (contract.VAL_ACC, contract.TRAIN_ACC, contract.EPOCH_TRAIN_LOSS),
 }
 
 # Keep every scalar (the report plots whole curves) but only the newest image per tag
@@ -156,12 +113,12 @@ def load_run(run_dir: str | Path) -> RunRecord:
     if summary_kind is None:
         record.kind = guess_kind_from_tags(record)
         record.note(
-            "no run_summary.json or metrics.json: the run is unfinished or was stopped; "
+            f"no {' or '.join(SUMMARY_FILES.values())}: the run is unfinished or was stopped; "
             "the report shows what its event files hold"
         )
     else:
         check_summary(record)
-    nvidia_smi_path = path / NVIDIA_SMI_FILE
+    nvidia_smi_path = path / contract.NVIDIA_SMI_FILE
     if nvidia_smi_path.is_file():
         record.nvidia_smi = nvidia_smi_path.read_text(encoding="utf-8", errors="replace")
     return record
@@ -196,12 +153,12 @@ def check_summary(record: RunRecord) -> None:
     summary_name = SUMMARY_FILES[record.kind]
     if record.kind == GPT_KIND and record.summary:
         version = record.summary.get("summary_version")
-        if version != GPT_SUMMARY_VERSION:
+        if version != contract.GPT_SUMMARY_VERSION:
             record.note(
                 f"{summary_name} has summary_version {version!r}, this report reads version "
-                f"{GPT_SUMMARY_VERSION}; values it cannot find are shown as n/a"
+                f"{contract.GPT_SUMMARY_VERSION}; values it cannot find are shown as n/a"
             )
-    missing = [key for key in EXPECTED_SUMMARY_KEYS[record.kind] if key not in record.summary]
+    missing = [key for key in REQUIRED_KEYS[record.kind] if key not in record.summary]
     if missing and record.summary:
         record.note(f"{summary_name} lacks {', '.join(missing)} (shown as n/a)")
 

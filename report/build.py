@@ -1,10 +1,9 @@
-"""The run report: figures and a Markdown summary from one or more run folders.
+"""Build the report: figures and report.md from one or more run folders.
 
-    python -m common.report RUN_DIR [RUN_DIR ...] --out report/ [--tensorboard-screenshot]
-
-Works for GPT pretraining runs (`run_summary.json`) and LeNet-5 runs (`metrics.json`), and for
-a mix of both; runs of the same kind are overlaid in one set of figures (legend = run folder).
-Unfinished or older runs are reported with what they hold and a note of what is missing.
+Works for GPT pretraining runs and LeNet-5 runs (told apart by their summary file, see
+`common/run_contract.py`), and for a mix of both; runs of the same kind are overlaid in one
+set of figures (legend = run folder). Unfinished or older runs are reported with what they
+hold and a note of what is missing.
 """
 
 from __future__ import annotations
@@ -14,14 +13,15 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.cli import InputError, entry_point
+from common import run_contract as contract
+from common.cli import InputError
 from common.files import atomic_dir
-from common.report_plots import Curve, Panel, plot_confusion_matrix, plot_images, plot_panels
-from common.run_folder import (
+from report.plots import Curve, Panel, plot_confusion_matrix, plot_images, plot_panels
+from report.run_folder import (
     GPT_KIND,
     MNIST_KIND,
     UNKNOWN_KIND,
@@ -30,7 +30,7 @@ from common.run_folder import (
     load_run,
     unique_run_names,
 )
-from common.tensorboard_screenshot import ScreenshotError, find_chromium, screenshot_tensorboard
+from report.tensorboard_screenshot import ScreenshotError, find_chromium, screenshot_tensorboard
 
 logger = logging.getLogger(__name__)
 
@@ -39,25 +39,7 @@ SCREENSHOT_FILE = "tensorboard_scalars.png"
 DEFAULT_LOSS_THRESHOLD = 7.0
 SIGNIFICANT_DIGITS = 4
 MISSING = "n/a"
-
-
-@dataclass
-class RunReportArguments:
-    out: str = field(
-        default="report", metadata={"help": "Folder to write report.md and figures to."}
-    )
-    overwrite: bool = field(default=False, metadata={"help": "Replace --out if it already exists."})
-    tensorboard_screenshot: bool = field(
-        default=False,
-        metadata={
-            "help": "Also start TensorBoard on localhost for the runs and save a PNG of its "
-            "scalars page taken with headless Chromium."
-        },
-    )
-    chromium: str | None = field(
-        default=None,
-        metadata={"help": "Chromium executable for the screenshot (default: found on PATH)."},
-    )
+NO_PEAK_FLOPS = "no peak FLOP/s known for this device"
 
 
 # ---------------------------------------------------------------- number formatting
@@ -172,20 +154,58 @@ def summary_table(runs: Sequence[RunRecord], rows: Sequence[Row]) -> list[str]:
     return markdown_table(["", *(f"`{run.name}`" for run in runs)], body)
 
 
-def mapping_table(runs: Sequence[RunRecord], key: str, label_prefix: str = "") -> list[str]:
-    """Rows for every entry of a dict-valued summary key (union over runs); [] when none has it."""
-    mappings = [
-        run.summary.get(key) if isinstance(run.summary.get(key), dict) else {} for run in runs
-    ]
-    names = list(dict.fromkeys(name for mapping in mappings for name in mapping))
+def summary_mappings(runs: Sequence[RunRecord], key: str) -> list[dict[str, Any]]:
+    """The dict-valued summary entry `key` of each run ({} where a run lacks it)."""
+    return [run.summary.get(key) if isinstance(run.summary.get(key), dict) else {} for run in runs]
+
+
+def mapping_table(
+    runs: Sequence[RunRecord], mappings: Sequence[dict[str, Any]], names: Sequence[str]
+) -> list[str]:
+    """One row per name, one column per run; [] when there are no names."""
     if not names:
         return []
     body = [
-        [f"{label_prefix}{name}"]
+        [name]
         + [format_value(mapping[name]) if name in mapping else MISSING for mapping in mappings]
         for name in names
     ]
     return markdown_table(["", *(f"`{run.name}`" for run in runs)], body)
+
+
+def mapping_section(runs: Sequence[RunRecord], key: str, heading: str) -> list[str]:
+    """Every entry of a dict-valued summary key (union over runs); [] when no run has one."""
+    mappings = summary_mappings(runs, key)
+    names = list(dict.fromkeys(name for mapping in mappings for name in mapping))
+    table = mapping_table(runs, mappings, names)
+    return [heading, "", *table, ""] if table else []
+
+
+def settings_section(runs: Sequence[RunRecord]) -> list[str]:
+    """The options in the summaries' `config`: of one run those that hold a value; of several,
+    those that differ between them in a table and those alike in one line."""
+    mappings = summary_mappings(runs, "config")
+    names = list(dict.fromkeys(name for mapping in mappings for name in mapping))
+    if len(runs) == 1:
+        shown = [name for name in names if mappings[0][name] is not None]
+        table = mapping_table(runs, mappings, shown)
+        return ["### Settings", "", *table, ""] if table else []
+    absent = object()  # an option a run's summary does not hold differs from every value
+    differing, alike = [], []
+    for name in names:
+        values = [mapping.get(name, absent) for mapping in mappings]
+        if any(value != values[0] for value in values[1:]):
+            differing.append(name)
+        elif values[0] is not None:
+            alike.append(name)
+    if not differing and not alike:
+        return []
+    lines = ["### Settings that differ between the runs", ""]
+    lines += mapping_table(runs, mappings, differing) or ["None."]
+    if alike:
+        shared = ", ".join(f"`{name}` {format_value(mappings[0][name])}" for name in alike)
+        lines += ["", f"Alike in every run: {shared}."]
+    return [*lines, ""]
 
 
 # ---------------------------------------------------------------- figures
@@ -195,9 +215,9 @@ FigureSpec = tuple[str, str, tuple[Panel, ...]]
 
 GPU_CAPTION = "GPU utilisation, memory and power over time (NVML samples)"
 GPU_PANELS = (
-    Panel("GPU utilisation", "%", (Curve("gpu/utilization_percent"),), time_axis=True),
-    Panel("GPU memory in use", "GiB", (Curve("gpu/memory_used_gib"),), time_axis=True),
-    Panel("GPU power", "W", (Curve("gpu/power_watts"),), time_axis=True),
+    Panel("GPU utilisation", "%", (Curve(contract.GPU_UTILIZATION),), time_axis=True),
+    Panel("GPU memory in use", "GiB", (Curve(contract.GPU_MEMORY_USED),), time_axis=True),
+    Panel("GPU power", "W", (Curve(contract.GPU_POWER),), time_axis=True),
 )
 
 
@@ -220,8 +240,8 @@ def gpt_figures(runs: Sequence[RunRecord]) -> list[FigureSpec]:
                     "training loss",
                     "cross-entropy (nats/token)",
                     (
-                        Curve("train/loss", "training", smoothed=True),
-                        Curve("eval/loss", "validation", style="--", marker="s"),
+                        Curve(contract.TRAIN_LOSS, "training", smoothed=True),
+                        Curve(contract.EVAL_LOSS, "validation", style="--", marker="s"),
                     ),
                     hline=threshold,
                     hline_label=f"loss = {threshold:g}",
@@ -232,38 +252,39 @@ def gpt_figures(runs: Sequence[RunRecord]) -> list[FigureSpec]:
             "gpt_learning_rate.png",
             "Learning rate schedule and gradient norm",
             (
-                Panel("learning rate", "learning rate", (Curve("train/learning_rate"),)),
+                Panel("learning rate", "learning rate", (Curve(contract.LEARNING_RATE),)),
                 Panel(
-                    "gradient norm", "global L2 norm", (Curve("train/grad_norm", smoothed=True),)
+                    "gradient norm", "global L2 norm", (Curve(contract.GRAD_NORM, smoothed=True),)
                 ),
             ),
         ),
         (
             "gpt_throughput.png",
-            "Throughput: tokens per second and model FLOPs utilisation",
+            "Throughput: tokens per second and, where the peak FLOP/s is known, model FLOPs "
+            "utilisation",
             (
-                Panel("tokens/s", "tokens per second", (Curve("perf/tokens_per_second"),)),
-                Panel("MFU", "fraction of peak FLOP/s", (Curve("perf/mfu"),)),
+                Panel("tokens/s", "tokens per second", (Curve(contract.TOKENS_PER_SECOND),)),
+                Panel("MFU", "fraction of peak FLOP/s", (Curve(contract.MFU),)),
             ),
         ),
         ("gpt_gpu.png", GPU_CAPTION, GPU_PANELS),
     ]
 
 
-def mnist_metric_figure(metric: str, tag_suffix: str) -> FigureSpec:
+def mnist_metric_figure(metric: str, step_tag: str, epoch_tag: str, val_tag: str) -> FigureSpec:
     """Loss or accuracy of LeNet-5: per logged step, and per epoch for training and validation."""
     return (
         f"mnist_{metric}.png",
         f"LeNet-5 {metric}: per logged step while training; per epoch on the training and "
         "validation sets, at the step each epoch ended",
         (
-            Panel(f"{metric} per step", metric, (Curve(f"train/{tag_suffix}", smoothed=True),)),
+            Panel(f"{metric} per step", metric, (Curve(step_tag, smoothed=True),)),
             Panel(
                 f"{metric} per epoch",
                 metric,
                 (
-                    Curve(f"epoch/train_{tag_suffix}", "train", marker="o"),
-                    Curve(f"val/{tag_suffix}", "validation", style="--", marker="s"),
+                    Curve(epoch_tag, "train", marker="o"),
+                    Curve(val_tag, "validation", style="--", marker="s"),
                 ),
             ),
         ),
@@ -271,17 +292,15 @@ def mnist_metric_figure(metric: str, tag_suffix: str) -> FigureSpec:
 
 
 MNIST_FIGURES: list[FigureSpec] = [
-    mnist_metric_figure("loss", "loss"),
-    mnist_metric_figure("accuracy", "acc"),
+    mnist_metric_figure("loss", contract.TRAIN_LOSS, contract.EPOCH_TRAIN_LOSS, contract.VAL_LOSS),
+    mnist_metric_figure("accuracy", contract.TRAIN_ACC, contract.EPOCH_TRAIN_ACC, contract.VAL_ACC),
     (
         "mnist_learning_rate.png",
         "Learning rate",
-        (Panel("learning rate", "learning rate", (Curve("train/learning_rate"),)),),
+        (Panel("learning rate", "learning rate", (Curve(contract.LEARNING_RATE),)),),
     ),
     ("mnist_gpu.png", GPU_CAPTION, GPU_PANELS),
 ]
-
-FEATURE_MAP_TAGS = ("feature_maps/conv1", "feature_maps/conv2")
 
 
 def figure_lines(path: Path, caption: str) -> list[str]:
@@ -323,15 +342,22 @@ def nvidia_smi_lines(runs: Sequence[RunRecord]) -> list[str]:
     return lines
 
 
+def no_mfu_lines(runs: Sequence[RunRecord]) -> list[str]:
+    """Why a run has no MFU: the run knew no peak FLOP/s to divide by (a CPU, an unlisted GPU)."""
+    lines = [
+        f"MFU of `{run.name}`: not shown, {NO_PEAK_FLOPS} (`--peak_tflops` of the run sets one)."
+        for run in runs
+        if contract.MFU not in run.scalars and run.summary.get("mfu") is None
+    ]
+    return [*lines, ""] if lines else []
+
+
 def gpt_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     lines = ["## GPT-2 pretraining", "", "### Results", "", *summary_table(runs, GPT_ROWS), ""]
-    speed = mapping_table(runs, "speed_settings")
-    if speed:
-        lines += ["### Speed settings in force", "", *speed, ""]
+    lines += mapping_section(runs, "speed_settings", "### Speed settings in force")
     lines += ["### Curves", "", *curve_section(runs, gpt_figures(runs), out_dir)]
-    versions = mapping_table(runs, "versions")
-    if versions:
-        lines += ["### Library versions", "", *versions, ""]
+    lines += no_mfu_lines(runs)
+    lines += mapping_section(runs, "versions", "### Library versions")
     for run in runs:
         if run.summary.get("accelerator_state"):
             state = str(run.summary["accelerator_state"]).rstrip()
@@ -341,9 +367,7 @@ def gpt_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
 
 def mnist_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     lines = ["## LeNet-5 on MNIST", "", "### Results", "", *summary_table(runs, MNIST_ROWS), ""]
-    config = mapping_table(runs, "config")
-    if config:
-        lines += ["### Settings", "", *config, ""]
+    lines += settings_section(runs)
     lines += ["### Curves", "", *curve_section(runs, MNIST_FIGURES, out_dir)]
     for run in runs:
         stem = file_stem(run.name)
@@ -352,11 +376,12 @@ def mnist_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
         if matrix is not None and plot_confusion_matrix(matrix, f"{run.name}: test set", path):
             lines += figure_lines(path, f"Confusion matrix of `{run.name}` on the test digits")
         path = out_dir / f"mnist_feature_maps_{stem}.png"
-        if plot_images(run, FEATURE_MAP_TAGS, path):
+        feature_map_tags = sorted(
+            tag for tag in run.images if tag.startswith(contract.FEATURE_MAPS_PREFIX)
+        )
+        if plot_images(run, feature_map_tags, path):
             lines += figure_lines(path, f"Feature maps of `{run.name}` for fixed test digits")
-    versions = mapping_table(runs, "versions")
-    if versions:
-        lines += ["### Library versions", "", *versions, ""]
+    lines += mapping_section(runs, "versions", "### Library versions")
     return lines + nvidia_smi_lines(runs)
 
 
@@ -380,6 +405,12 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
+def is_previous_report(path: Path) -> bool:
+    """Whether --overwrite may replace `path`: an earlier report or an empty folder, never a
+    run folder or anything else that happens to have the name."""
+    return path.is_dir() and ((path / REPORT_FILE).is_file() or not any(path.iterdir()))
+
+
 def write_report(
     run_dirs: Sequence[str | Path],
     out_dir: str | Path,
@@ -393,6 +424,11 @@ def write_report(
     if tensorboard_screenshot:
         chromium = find_chromium(chromium)
     out_dir = Path(out_dir)
+    if overwrite and out_dir.exists() and not is_previous_report(out_dir):
+        raise InputError(
+            f"output folder {out_dir} exists and is not a report (no {REPORT_FILE} in it); "
+            "--overwrite replaces only an earlier report, pass another --out"
+        )
     with atomic_dir(out_dir, overwrite=overwrite) as staging:
         runs = [load_run(run_dir) for run_dir in run_dirs]
         unique_run_names(runs)
@@ -436,30 +472,3 @@ def write_report(
         (staging / REPORT_FILE).write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     logger.info("report written to %s", out_dir / REPORT_FILE)
     return out_dir / REPORT_FILE
-
-
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    # tensorboard's reader logs every event file it opens at INFO.
-    logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    from transformers import HfArgumentParser  # slow to import; only the command line needs it
-
-    parser = HfArgumentParser(
-        [RunReportArguments],
-        prog="python -m common.report",
-        description="Figures and a Markdown report (report.md) from one or more run folders.",
-    )
-    parser.add_argument(
-        "run_dirs", nargs="+", metavar="RUN_DIR", help="Run folders; several are overlaid."
-    )
-    args, extra = parser.parse_args_into_dataclasses(argv)
-    report = write_report(
-        extra.run_dirs, args.out, args.overwrite, args.tensorboard_screenshot, args.chromium
-    )
-    print(report)
-    screenshot_missing = not (report.parent / SCREENSHOT_FILE).is_file()
-    return 1 if args.tensorboard_screenshot and screenshot_missing else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Command line of the run report: `python -m report RUN_DIR [RUN_DIR ...] --out DIR`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from common.cli import entry_point
+from report.build import SCREENSHOT_FILE, write_report
+
+
+@dataclass
+class RunReportArguments:
+    out: str = field(
+        default="runs/report", metadata={"help": "Folder to write report.md and figures to."}
+    )
+    overwrite: bool = field(
+        default=False, metadata={"help": "Replace --out if it holds an earlier report."}
+    )
+    tensorboard_screenshot: bool = field(
+        default=False,
+        metadata={
+            "help": "Also start TensorBoard on localhost for the runs and save a PNG of its "
+            "scalars page taken with headless Chromium."
+        },
+    )
+    chromium: str | None = field(
+        default=None,
+        metadata={"help": "Chromium executable for the screenshot (default: found on PATH)."},
+    )
+
+
+def parse_report_args(argv: list[str] | None) -> tuple[list[str], RunReportArguments]:
+    """The run folders and the options."""
+    from transformers import HfArgumentParser  # slow to import; only the command line needs it
+
+    parser = HfArgumentParser(
+        [RunReportArguments],
+        prog="python -m report",
+        description="Figures and a Markdown report (report.md) from one or more run folders.",
+    )
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="Run folders; several are overlaid."
+    )
+    args, extra = parser.parse_args_into_dataclasses(argv)
+    return extra.run_dirs, args
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    """Write the report; exit code 1 when the requested TensorBoard screenshot failed."""
+    # tensorboard's reader logs every event file it opens at INFO.
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
+    run_dirs, args = parse_report_args(argv)
+    report = write_report(
+        run_dirs, args.out, args.overwrite, args.tensorboard_screenshot, args.chromium
+    )
+    print(report)
+    screenshot_missing = not (report.parent / SCREENSHOT_FILE).is_file()
+    return 1 if args.tensorboard_screenshot and screenshot_missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
