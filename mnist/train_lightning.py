@@ -260,6 +260,8 @@ def quiet_lightning() -> Iterator[None]:
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         # One process on one device: never a parallel job that srun should launch.
         warnings.filterwarnings("ignore", "The `srun` command is available", PossibleUserWarning)
+        # Lightning 2.6.6 calls a torch pytree API that newer torch deprecates: not ours to fix.
+        warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
         # An advert for a cloud logging service; this run logs to TensorBoard.
         info_logger.addFilter(without_litlogger_tip)
         try:
@@ -296,7 +298,8 @@ def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
             # The run folder gets model.pt at the end; per-epoch checkpoints would be noise.
             enable_checkpointing=False,
             num_sanity_val_steps=0,
-            limit_val_batches=1.0 if len(datamodule.splits.val_labels) else 0,
+            # None is Lightning's default (all batches); an explicit 1.0 makes it log that choice.
+            limit_val_batches=None if len(datamodule.splits.val_labels) else 0,
         )
         start = time.perf_counter()
         trainer.fit(module, datamodule=datamodule)

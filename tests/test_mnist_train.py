@@ -256,7 +256,7 @@ def test_test_set_without_some_digits_trains_and_shows_the_digits_it_has(tmp_pat
 # ---------------------------------------------------------------- a quiet log
 
 
-def test_lightning_run_log_has_no_litlogger_tip_and_no_srun_hint(tmp_path):
+def test_lightning_run_log_has_none_of_the_noise_lines(tmp_path):
     # Lightning's srun hint appears wherever an srun executable is on PATH outside a Slurm
     # task; one that does nothing is enough.
     bin_dir = tmp_path / "bin"
@@ -280,4 +280,6 @@ def test_lightning_run_log_has_no_litlogger_tip_and_no_srun_hint(tmp_path):
     assert result.returncode == 0, log
     assert "litlogger" not in log.lower()
     assert "srun" not in log
+    assert "LeafSpec" not in log and "DeprecationWarning" not in log
+    assert "limit_val_batches" not in log
     assert "GPU available" in log  # Lightning's other lines still show: silenced narrowly
