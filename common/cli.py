@@ -4,7 +4,8 @@ Every entry point is `main(argv: list[str] | None = None) -> int`, decorated wit
 `entry_point`, and parses its options with `parse_args`: dataclasses read by
 `HfArgumentParser`, with `--config file.yaml` (or .json) supplying defaults that
 command-line flags override. Bad input raises `InputError`, which becomes one line on
-stderr and exit code 2 instead of a traceback.
+stderr and exit code 2 instead of a traceback; a mistyped flag or a bad value included,
+with the closest option suggested instead of the whole usage printed.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
+
+if TYPE_CHECKING:
+    from transformers import HfArgumentParser
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +56,8 @@ def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[...,
         try:
             return main(argv) or 0
         except InputError as err:
-            print(f"error: {err}", file=sys.stderr)
+            # One line whatever the message: a library's multi-line text included.
+            print("error: " + " ".join(str(err).split()), file=sys.stderr)
             return EXIT_BAD_INPUT
 
     return wrapper
@@ -76,6 +81,93 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` that keeps the description's line breaks (a module docstring's example commands)
+    while each option's help is wrapped and ends with its default."""
+
+
+def command_line_parser(
+    dataclass_types: Sequence[type], description: str | None = None, prog: str | None = None
+) -> HfArgumentParser:
+    """An `HfArgumentParser` for `dataclass_types` whose every error is one `InputError`.
+
+    A mistyped flag names the closest option and a bad value names its flag, instead of the
+    whole usage (over a hundred lines for TrainingArguments). `--help` formats with
+    `HelpFormatter`. Parse with `parse_args` (a namespace) or `parse_dataclasses`.
+    """
+    return _command_line_parser_class()(
+        list(dataclass_types), description=description, prog=prog, formatter_class=HelpFormatter
+    )
+
+
+@functools.cache
+def _command_line_parser_class() -> type[HfArgumentParser]:
+    # Built on first use: importing transformers takes a second that only parsing needs.
+    from transformers import HfArgumentParser
+
+    class CommandLineParser(HfArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            # argparse calls this for a bad value, a missing required option, a bad choice.
+            raise InputError(f"{message.rstrip('.')}; see --help")
+
+        def parse_args(self, args=None, namespace=None):
+            try:
+                namespace, unknown = self.parse_known_args(args, namespace)
+            except InputError:
+                # A mistyped --output_dir also leaves --output_dir missing: name the typo.
+                unknown = self._unknown_arguments_when_nothing_is_required(args)
+                if not unknown:
+                    raise
+            if unknown:
+                raise InputError(f"{_describe_unknown_arguments(self, unknown)}; see --help")
+            return namespace
+
+        def _unknown_arguments_when_nothing_is_required(self, args: list[str] | None) -> list[str]:
+            required = [action for action in self._actions if action.required]
+            for action in required:
+                action.required = False
+            try:
+                return self.parse_known_args(args)[1]
+            except InputError:
+                return []
+            finally:
+                for action in required:
+                    action.required = True
+
+        def parse_dataclasses(self, args: list[str] | None = None) -> tuple[Any, ...]:
+            """One instance per dataclass, then a namespace of any other arguments if there are.
+
+            Unlike `parse_args_into_dataclasses`, reads no `<script>.args` file, and a value
+            that a dataclass's `__post_init__` rejects is an `InputError`.
+            """
+            values = vars(self.parse_args(args))
+            instances = []
+            for dtype in self.dataclass_types:
+                names = [f.name for f in dataclasses.fields(dtype) if f.init]
+                try:
+                    instances.append(dtype(**{name: values.pop(name) for name in names}))
+                except (ValueError, TypeError) as err:
+                    raise InputError(f"invalid {dtype.__name__}: {err}") from None
+            return (*instances, argparse.Namespace(**values)) if values else tuple(instances)
+
+    return CommandLineParser
+
+
+def _describe_unknown_arguments(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """'unknown option --x (did you mean --y?)' for each unknown flag, else the stray values."""
+    flags = [argument.split("=", 1)[0] for argument in unknown if argument.startswith("--")]
+    if not flags:
+        return f"unexpected argument{'s' if len(unknown) > 1 else ''} {' '.join(unknown)}"
+    options = [option for action in parser._actions for option in action.option_strings]
+    descriptions = []
+    for flag in flags:
+        close = difflib.get_close_matches(flag, options, n=1)
+        descriptions.append(
+            f"unknown option {flag}" + (f" (did you mean {close[0]}?)" if close else "")
+        )
+    return ", ".join(descriptions)
+
+
 def parse_args(
     dataclass_types: Sequence[type],
     argv: list[str] | None = None,
@@ -85,11 +177,10 @@ def parse_args(
     """Parse `argv` into one instance per dataclass; `--config FILE` sets defaults first.
 
     Unknown keys in the config file are an error (with a close match suggested), as are
-    unknown flags on the command line.
+    unknown flags on the command line. Pass the module docstring as `description`: its
+    example commands keep their lines in `--help`.
     """
-    from transformers import HfArgumentParser
-
-    parser = HfArgumentParser(list(dataclass_types), description=description, prog=prog)
+    parser = command_line_parser(dataclass_types, description=description, prog=prog)
     parser.add_argument(
         "--config",
         default=None,
@@ -100,17 +191,9 @@ def parse_args(
     known, _ = config_only.parse_known_args(argv)
     if known.config is not None:
         apply_config_defaults(parser, load_config_file(known.config), known.config)
-
-    values = vars(parser.parse_args(argv))
-    values.pop("config", None)
-    instances = []
-    for dtype in dataclass_types:
-        names = {f.name for f in dataclasses.fields(dtype) if f.init}
-        try:
-            instances.append(dtype(**{k: v for k, v in values.items() if k in names}))
-        except (ValueError, TypeError) as err:
-            raise InputError(f"invalid {dtype.__name__}: {err}") from None
-    return tuple(instances)
+    instances = parser.parse_dataclasses(argv)
+    # --config is the one argument outside the dataclasses.
+    return instances[: len(dataclass_types)]
 
 
 def apply_config_defaults(
@@ -129,4 +212,13 @@ def apply_config_defaults(
             raise InputError(f"unknown option '{key}' in config file {source}{hint}")
         for action in actions_by_dest[key]:
             action.required = False
+            # argparse checks choices for command-line values only, never for defaults.
+            if action.choices is not None and value is not None:
+                for item in value if isinstance(value, list) else [value]:
+                    if item not in action.choices:
+                        allowed = ", ".join(map(str, action.choices))
+                        raise InputError(
+                            f"option '{key}' in config file {source} is {item!r}; "
+                            f"choose from {allowed}"
+                        )
         parser.set_defaults(**{key: value})

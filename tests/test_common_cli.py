@@ -1,11 +1,25 @@
-"""`--config` precedence, unknown keys, and the one-line error contract."""
+"""`--config` precedence, unknown keys, the one-line error contract, and `--help`."""
 
+import importlib
+import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
+from pretrain_runs import REPO_ROOT, subprocess_env
 
-from common.cli import InputError, entry_point, parse_args
+from common.cli import InputError, command_line_parser, entry_point, parse_args
 from common.files import atomic_dir, write_json_atomic
+
+EXAMPLES_DOC = """Train something small.
+
+    python -m example --learning_rate 0.1        # a quick run
+    python -m example --name long --shuffle false
+
+Writes nothing.
+"""
 
 
 @dataclass
@@ -14,6 +28,14 @@ class ExampleArguments:
     name: str = field(default="run", metadata={"help": "Run name."})
     data_dir: str = field(metadata={"help": "Where the data is."}, default=None)
     shuffle: bool = field(default=True, metadata={"help": "Shuffle the data."})
+    optimizer: Literal["adam", "sgd"] = field(
+        default="adam",
+        metadata={
+            "help": "Which optimizer updates the weights: adam adapts a step size per "
+            "parameter from running moments of the gradient, sgd takes plain gradient steps "
+            "with momentum. Long help like this one is wrapped to the terminal width."
+        },
+    )
 
 
 def write(tmp_path, name, text):
@@ -49,10 +71,80 @@ def test_unknown_config_key_is_rejected_with_suggestion(tmp_path):
         parse_args([ExampleArguments], ["--config", config])
 
 
-def test_unknown_flag_exits_2():
+def test_mistyped_flag_names_the_closest_option():
+    with pytest.raises(InputError) as err:
+        parse_args([ExampleArguments], ["--learning_rte", "1e-3"])
+    assert str(err.value) == (
+        "unknown option --learning_rte (did you mean --learning_rate?); see --help"
+    )
+
+
+def test_mistyped_flag_is_named_before_the_required_option_it_leaves_missing():
+    @dataclass
+    class RequiredArguments:
+        output_dir: str = field(metadata={"help": "Where to write."})
+
+    with pytest.raises(
+        InputError, match=r"^unknown option --ouput_dir \(did you mean --output_dir"
+    ):
+        parse_args([RequiredArguments], ["--ouput_dir", "x"])
+    with pytest.raises(InputError, match=r"^the following arguments are required: --output_dir"):
+        parse_args([RequiredArguments], [])
+
+
+def test_unknown_flag_without_a_close_option_and_stray_values():
+    with pytest.raises(InputError, match=r"^unknown option --zzz; see --help$"):
+        parse_args([ExampleArguments], ["--zzz=3"])
+    with pytest.raises(InputError, match=r"^unexpected argument stray; see --help$"):
+        parse_args([ExampleArguments], ["stray"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--learning_rate", "abc"], "argument --learning_rate.*: invalid float value: 'abc'"),
+        (["--optimizer", "rmsprop"], "argument --optimizer: invalid choice: 'rmsprop'"),
+        (["--shuffle", "maybe"], "argument --shuffle.*got maybe"),
+        (["--learning_rate"], "argument --learning_rate.*: expected one argument"),
+    ],
+)
+def test_invalid_value_is_an_input_error_naming_the_flag(argv, message):
+    with pytest.raises(InputError, match=f"^{message}.*; see --help$"):
+        parse_args([ExampleArguments], argv)
+
+
+def test_invalid_value_in_the_config_file_is_an_input_error(tmp_path):
+    config = write(tmp_path, "c.yaml", "optimizer: rmsprop\n")
+    with pytest.raises(
+        InputError, match="'optimizer' in config file .* 'rmsprop'; choose from adam, sgd"
+    ):
+        parse_args([ExampleArguments], ["--config", config])
+
+
+def test_extra_arguments_come_back_in_a_namespace():
+    # The report's positional run folders next to its option dataclass.
+    parser = command_line_parser([ExampleArguments], prog="report")
+    parser.add_argument("run_dirs", nargs="+")
+    args, extra = parser.parse_dataclasses(["a", "b", "--name", "x"])
+    assert (args.name, extra.run_dirs) == ("x", ["a", "b"])
+    with pytest.raises(InputError, match="did you mean --name"):
+        parser.parse_dataclasses(["a", "--nmae", "x"])
+    with pytest.raises(InputError, match="required: run_dirs"):
+        parser.parse_dataclasses([])
+
+
+def test_help_keeps_the_description_lines_and_wraps_option_help(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as exc:
-        parse_args([ExampleArguments], ["--no_such_flag", "1"])
-    assert exc.value.code == 2
+        parse_args([ExampleArguments], ["--help"], description=EXAMPLES_DOC, prog="example")
+    assert exc.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    for example in EXAMPLES_DOC.splitlines():
+        assert example in lines
+    assert max(len(line) for line in lines) <= 80
+    # The option help (over 200 characters) is wrapped into lines of at most 80, and whole.
+    optimizer_help = ExampleArguments.__dataclass_fields__["optimizer"].metadata["help"]
+    assert f"{optimizer_help} (default: adam)" in " ".join(" ".join(lines).split())
 
 
 def test_entry_point_turns_input_error_into_exit_2(capsys):
@@ -63,6 +155,81 @@ def test_entry_point_turns_input_error_into_exit_2(capsys):
     assert main([]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: data file x.bin is truncated; download it again"]
+
+
+def test_entry_point_prints_a_multi_line_message_on_one_line(capsys):
+    @entry_point
+    def main(argv=None):
+        raise InputError("invalid TrainingArguments: the value\n  must be positive")
+
+    assert main([]) == 2
+    assert (
+        capsys.readouterr().err == "error: invalid TrainingArguments: the value must be positive\n"
+    )
+
+
+# (command, a mistyped flag, the option it should suggest); run as a user would, so that import
+# warnings or log lines before the error would show.
+COMMANDS = {
+    "pretrain": (["pretrain/run.py"], "--learning_rte", "--learning_rate"),
+    "tokenizer": (["-m", "tokenizer.train"], "--vocab_sise", "--vocab_size"),
+    "mnist": (["-m", "mnist.train"], "--epoks", "--epochs"),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS.values(), ids=COMMANDS.keys())
+def test_command_with_a_typo_prints_one_line_with_a_suggestion(command):
+    argv, typo, suggestion = command
+    result = subprocess.run(
+        [sys.executable, *argv, typo, "1"],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr == f"error: unknown option {typo} (did you mean {suggestion}?); see --help\n"
+    )
+    assert result.stdout == ""
+
+
+ENTRY_MODULES = [
+    "common.demo_corpus",
+    "tokenizer.train",
+    "pretrain.prepare",
+    "pretrain.run",
+    "pretrain.generate",
+    "mnist.train",
+    "mnist.train_lightning",
+]
+
+
+@pytest.mark.parametrize("module", ENTRY_MODULES)
+def test_every_entry_point_reports_a_typo_in_one_line(module, capsys):
+    main = importlib.import_module(module).main
+    assert main(["--confg", "c.yaml"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "error: unknown option --confg (did you mean --config?); see --help\n"
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num_train_epochs", "x"], "argument --num_train_epochs.*: invalid float value: 'x'"),
+        (
+            ["--lr_scheduler_type", "steep"],
+            "argument --lr_scheduler_type.*: invalid choice: 'steep' \\(choose from 'linear', ",
+        ),
+    ],
+)
+def test_pretrain_invalid_value_is_one_line(argv, message, capsys):
+    from pretrain.run import main
+
+    assert main(argv) == 2
+    assert re.fullmatch(f"error: {message}.*; see --help\n", capsys.readouterr().err)
 
 
 def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
