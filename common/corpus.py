@@ -152,16 +152,19 @@ class _DocumentCleaner:
         return text
 
 
-def iter_documents(args: CorpusArguments, stats: CorpusStats | None = None) -> Iterator[str]:
+def iter_documents(
+    args: CorpusArguments, stats: CorpusStats | None = None, log: bool = True
+) -> Iterator[str]:
     """Stripped, non-empty, exact-duplicate-free documents, in a deterministic order.
 
     The inputs are resolved before this returns, so a missing path or a zip without text fails
     at the call; decoding errors and an empty corpus fail while iterating. Raises InputError.
+    `log=False` leaves out the lines saying what is read and how much (a second pass).
     """
     sources = resolve_sources(args)
     stats = stats if stats is not None else CorpusStats()
     stats.sources = [source.label for source in sources]
-    return _generate_documents(sources, args, stats)
+    return _generate_documents(sources, args, stats, log)
 
 
 def corpus_fingerprint(args: CorpusArguments) -> str:
@@ -183,31 +186,33 @@ def corpus_fingerprint(args: CorpusArguments) -> str:
 
 
 def _generate_documents(
-    sources: list[_Source], args: CorpusArguments, stats: CorpusStats
+    sources: list[_Source], args: CorpusArguments, stats: CorpusStats, log: bool
 ) -> Iterator[str]:
     cleaner = _DocumentCleaner(stats)
     for source in sources:
-        logger.info("reading %s", source.label)
+        if log:
+            logger.info("reading %s", source.label)
         for text in _iter_source_texts(source, args):
             text = cleaner.clean(text)
             if text is not None:
                 yield text
-    _check_and_log_counts(stats)
+    _check_and_log_counts(stats, log)
 
 
-def _check_and_log_counts(stats: CorpusStats) -> None:
+def _check_and_log_counts(stats: CorpusStats, log: bool = True) -> None:
     if stats.num_documents == 0:
         raise InputError(
             f"the corpus {', '.join(stats.sources)} holds no non-empty documents; "
             "pass files with one document per line"
         )
-    logger.info(
-        "read %d documents (%.1f MB), dropped %d exact duplicates and %d empty lines",
-        stats.num_documents,
-        stats.num_bytes / 1e6,
-        stats.num_duplicates,
-        stats.num_empty_lines,
-    )
+    if log:
+        logger.info(
+            "read %d documents (%.1f MB), dropped %d exact duplicates and %d empty lines",
+            stats.num_documents,
+            stats.num_bytes / 1e6,
+            stats.num_duplicates,
+            stats.num_empty_lines,
+        )
 
 
 def read_labelled_documents(args: CorpusArguments, label_files: Sequence[str]) -> LabelledDocuments:
