@@ -1,7 +1,7 @@
 """The run-folder contract: what the training stages write and the report reads.
 
 A run folder holds a summary JSON whose name says which stage wrote it, TensorBoard event
-files, and stage-specific artifacts. Writers (`pretrain/`, `mnist/`) and the reader
+files, and stage-specific artifacts. Writers (`pretrain/`, `mnist/`, `probe/`) and the reader
 (`report/`) import every name from here, so a file name, a summary key or a TensorBoard tag
 is spelled once. Adding a field to a summary touches its writer and, if shown, the report;
 `*_REQUIRED_KEYS` lists only the keys the report cannot do without.
@@ -83,3 +83,29 @@ FEATURE_MAPS_PREFIX = "feature_maps/"
 FILTERS_PREFIX = "filters/"
 WEIGHTS_PREFIX = "weights/"
 ACTIVATIONS_PREFIX = "activations/"
+
+# The classification probe (probe/run.py) writes one JSON per label level into the run folder
+# of the pretraining run it probes: <run>/probe/<label_level>.json.
+PROBE_DIR = "probe"
+PROBE_VERSION = 1
+# The classifiers, in the order they are trained and shown: the run's weights fine-tuned, the
+# same network from random weights with the same budget, TF-IDF + logistic regression.
+PROBE_PRETRAINED = "pretrained"
+PROBE_RANDOM_INIT = "random_init"
+PROBE_TFIDF = "tfidf"
+PROBE_METHODS = (PROBE_PRETRAINED, PROBE_RANDOM_INIT, PROBE_TFIDF)
+PROBE_REQUIRED_KEYS = (
+    "probe_version",
+    "label_level",
+    "class_names",
+    "num_train",
+    "num_test",
+    "chance",
+    "pretraining_overlap",
+    "methods",
+)
+PROBE_METHOD_REQUIRED_KEYS = ("accuracy", "macro_f1", "confusion_matrix", "train_seconds")
+
+# pretrain/model_parallel.py writes this summary last (tensor / pipeline parallel and their
+# one-process reference), into its --output_dir.
+MODEL_PARALLEL_SUMMARY_FILE = "model_parallel_summary.json"

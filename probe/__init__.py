@@ -1,0 +1,2 @@
+"""Classification probe: fine-tune a pretraining run's GPT-2 on Web of Science labels and compare
+it with the same network from random weights and with TF-IDF + logistic regression."""

@@ -1,0 +1,162 @@
+"""Options of the classification probe: what to probe and on which labels, and the fine-tuning
+budget (transformers' `TrainingArguments`, with the probe's own defaults)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from transformers import TrainingArguments
+from transformers.trainer_utils import SaveStrategy
+
+from common.cli import InputError
+from common.corpus import CorpusArguments
+from common.run_contract import PROBE_METHODS
+
+LabelLevel = Literal["domain", "area", "combined"]
+
+
+@dataclass
+class ProbeArguments:
+    """Which run to probe, on which labels, how the documents are split and cut."""
+
+    run_dir: str = field(
+        metadata={
+            "help": "Folder of a finished pretraining run: its final/ model and tokenizer are "
+            "fine-tuned, and the results are written to its probe/ folder."
+        }
+    )
+    label_level: LabelLevel = field(
+        default="domain",
+        metadata={
+            "help": "Labels to predict: domain (YL1.txt, 7 classes in WOS46985), area (the pair "
+            "YL1, YL2: YL2 numbers the areas within their domain; 134 classes) or combined (Y.txt "
+            "as given; on WoS the same 134 areas, numbered across domains)."
+        },
+    )
+    label_names_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Data.xlsx with the class names (columns Y1 Y2 Y Domain area); default: "
+            "Meta-data/Data.xlsx of the corpus when it has one, else classes are numbers."
+        },
+    )
+    test_fraction: float = field(
+        default=0.2,
+        metadata={"help": "Share of each class's documents held out for testing."},
+    )
+    split_seed: int = field(
+        default=0,
+        metadata={"help": "Key of the document hash that orders each class for the split."},
+    )
+    max_length: int = field(
+        default=256,
+        metadata={
+            "help": "Tokens per document, end-of-text included: longer documents keep their "
+            "beginning. The model's positions are the upper limit."
+        },
+    )
+    methods: list[str] = field(
+        default_factory=lambda: list(PROBE_METHODS),
+        metadata={
+            "help": "Which classifiers to train and test on the same split: pretrained (the "
+            "run's weights, fine-tuned), random_init (the same network from random weights, "
+            "same budget), tfidf (TF-IDF + logistic regression)."
+        },
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "Replace the results of an earlier probe of the same label level."},
+    )
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.test_fraction < 1.0:
+            raise InputError(
+                f"--test_fraction {self.test_fraction} must be between 0 and 1 (exclusive), "
+                "e.g. 0.2"
+            )
+        if self.max_length < 2:
+            raise InputError(f"--max_length {self.max_length} is too small; pass at least 2")
+        unknown = sorted(set(self.methods) - set(PROBE_METHODS))
+        if unknown or not self.methods:
+            raise InputError(
+                f"--methods {' '.join(self.methods)}: choose one or more of "
+                f"{', '.join(PROBE_METHODS)}"
+            )
+
+
+@dataclass
+class ProbeTrainingArguments(TrainingArguments):
+    """`TrainingArguments` whose defaults are the probe's budget: one epoch at a learning rate
+    that suits both a pretrained and a random network, no checkpoints."""
+
+    output_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder for the Trainer's own files (checkpoints, logs) if you want them; "
+            "default: a temporary folder, deleted at the end. The results always go to "
+            "RUN_DIR/probe/."
+        },
+    )
+    num_train_epochs: float = field(
+        default=1.0, metadata={"help": "Passes over the probe's training split."}
+    )
+    # Higher than the usual 2e-5..5e-5 for fine-tuning: the random-weight baseline must learn
+    # too in one epoch, and a model pretrained on 12M tokens is far from converged.
+    learning_rate: float = field(default=1.0e-4, metadata={"help": "Peak learning rate."})
+    per_device_train_batch_size: int = field(
+        default=32, metadata={"help": "Documents per training step and device."}
+    )
+    per_device_eval_batch_size: int = field(
+        default=64, metadata={"help": "Documents per prediction step and device."}
+    )
+    warmup_steps: float = field(
+        default=0.06,
+        metadata={"help": "Linear warm-up: steps, or a fraction (< 1) of all steps."},
+    )
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
+    logging_steps: float = field(
+        default=10, metadata={"help": "Training loss logged every this many steps."}
+    )
+    save_strategy: SaveStrategy | str = field(
+        default="no", metadata={"help": "Checkpoints: none by default (the probe keeps no model)."}
+    )
+    seed: int = field(
+        default=0, metadata={"help": "Seed of the classifier head and of the random network."}
+    )
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision; default: on when training on a GPU that has it "
+            "(Ampere and newer), as pretraining does, else fp32."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        self.keeps_trainer_files = self.output_dir is not None
+        if self.bf16 is None:
+            self.bf16 = not self.use_cpu and gpu_supports_bf16()
+        super().__post_init__()
+
+
+def gpu_supports_bf16() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+class ProbeCommand(NamedTuple):
+    """Every option of probe/run.py."""
+
+    probe: ProbeArguments
+    corpus: CorpusArguments
+    training: ProbeTrainingArguments
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The resolved values, keyed by dataclass name (TrainingArguments hides secrets)."""
+        return {
+            "ProbeArguments": dataclasses.asdict(self.probe),
+            "CorpusArguments": dataclasses.asdict(self.corpus),
+            "ProbeTrainingArguments": self.training.to_dict(),
+        }
