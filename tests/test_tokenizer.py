@@ -1,6 +1,7 @@
 """Byte-level BPE invariants (minbpe style) and the `train-tokenizer` command."""
 
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -171,6 +172,9 @@ def test_help_documents_every_option(capsys):
         assert option in text
     for option in ("--vocab_size", "--output_dir", "--heldout_every", "--overwrite", "--config"):
         assert option in text
+    # The docstring's example command keeps its own line.
+    example = "    train-tokenizer --corpus data/WebOfScience.zip --output_dir runs/tokenizer"
+    assert example in text.splitlines()
 
 
 def test_command_in_a_new_process_gives_the_same_tokenizer(wos_corpus_dir, tmp_path):
@@ -190,3 +194,25 @@ def test_command_in_a_new_process_gives_the_same_tokenizer(wos_corpus_dir, tmp_p
     assert (tmp_path / "here" / "tokenizer.json").read_bytes() == (
         tmp_path / "there" / "tokenizer.json"
     ).read_bytes()
+
+
+def test_command_log_holds_only_lines_worth_reading(wos_corpus_dir, tmp_path):
+    """Each log line once, no warnings, no blank progress-bar lines, and no "sequence length is
+    longer than the specified maximum" from measuring documents longer than the context."""
+    output_dir = tmp_path / "tok"
+    argv = ["--corpus", str(wos_corpus_dir), "--vocab_size", "600", "--model_max_length", "16"]
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenizer.train", *argv, "--output_dir", str(output_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    heldout = json.loads((output_dir / "stats.json").read_text())["heldout"]
+    assert heldout["num_tokens"] > 16 * heldout["num_documents"]  # longer than the context
+    lines = result.stderr.splitlines()
+    messages = [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in lines]
+    assert all(re.match(r"INFO [\w.]+: \S", message) for message in messages), lines
+    assert len(set(messages)) == len(messages), lines
+    assert "sequence length" not in result.stderr

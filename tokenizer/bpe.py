@@ -73,7 +73,8 @@ def train_bpe(
         # All 256 bytes, seen or not: without them bytes absent from training would be dropped
         # at encoding time instead of round-tripping.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=show_progress,
+        # Into a file or a pipe the bars draw nothing but a blank line per stage.
+        show_progress=show_progress and sys.stderr.isatty(),
     )
     # `length` counts documents, not batches: tokenizers flattens the batches it is given.
     with _stdout_to_stderr():

@@ -128,7 +128,7 @@ def _train_into(
     training_stats = {"num_documents": 0, "num_bytes": 0}
 
     def training_documents() -> Iterator[str]:
-        for index, document in enumerate(iter_documents(corpus_args)):
+        for index, document in enumerate(iter_documents(corpus_args, log=False)):
             if is_heldout(index, tokenizer_args.heldout_every):
                 heldout.append(document)
                 continue
@@ -181,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus_args, tokenizer_args = parse_args(
         [CorpusArguments, TokenizerArguments],
         argv,
-        description="Train a GPT-2 style byte-level BPE tokenizer on a text corpus (Web of "
-        "Science zip or folder, .txt, .jsonl) and save it as a transformers tokenizer folder.",
+        description=__doc__,
         prog="train-tokenizer",
     )
     train_tokenizer(corpus_args, tokenizer_args)
