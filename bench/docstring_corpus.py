@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = parse_args(
         [DocstringCorpusArguments],
         argv,
-        description="Write installed packages' docstrings as a plain-text corpus.",
+        description=__doc__,
         prog="bench/docstring_corpus.py",
     )
     path, num_documents, num_bytes = write_docstring_corpus(args)

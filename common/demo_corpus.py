@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = parse_args(
         [DemoCorpusArguments],
         argv,
-        description="Write the offline demo corpus (Python reference prose) in the WoS layout.",
+        description=__doc__,
         prog="python -m common.demo_corpus",
     )
     path = write_demo_corpus(args.output_dir, args.max_documents, args.overwrite)
