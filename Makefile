@@ -8,10 +8,11 @@ DEMO_DIR ?= runs/demo
 
 .PHONY: install demo test lint format clean
 
-$(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml
+$(INSTALLED): requirements.txt requirements-dev.txt requirements-deepspeed.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-build-isolation -r requirements-deepspeed.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
