@@ -37,7 +37,7 @@ class DemoCorpusArguments:
     )
     max_documents: int | None = field(
         default=None,
-        metadata={"help": "Keep only the first N paragraphs (default: all, about 3,000)."},
+        metadata={"help": "Keep only the first N paragraphs (default: all, about 830)."},
     )
     overwrite: bool = field(
         default=False, metadata={"help": "Replace output_dir if it already exists."}

@@ -14,7 +14,7 @@ GPT_SUMMARY_FILE = "run_summary.json"  # written last by pretrain/run.py: the ru
 MNIST_METRICS_FILE = "metrics.json"  # written last by both LeNet-5 trainers
 FINAL_MODEL_DIR = "final"  # model + tokenizer, loadable with AutoModelForCausalLM
 MNIST_MODEL_FILE = "model.pt"
-NVIDIA_SMI_FILE = "nvidia-smi.txt"  # `nvidia-smi` output at the start, with a GPU only
+NVIDIA_SMI_FILE = "nvidia-smi.txt"  # `nvidia-smi` output halfway through training, with a GPU only
 TENSORBOARD_DIR = "tensorboard"
 
 # run_summary.json carries its version; readers note a summary of another version.
