@@ -1,8 +1,9 @@
 """Build the report: figures and report.md from one or more run folders.
 
-Works for GPT pretraining runs and LeNet-5 runs (told apart by their summary file, see
-`common/run_contract.py`), and for a mix of both; runs of the same kind are overlaid in one
-set of figures (legend = run folder). Unfinished or older runs are reported with what they
+Works for GPT pretraining runs (with their classification probe's results when they were
+probed) and LeNet-5 runs (told apart by their summary file, see `common/run_contract.py`), and
+for a mix of both; runs of the same kind are overlaid in one set of figures (legend = run
+folder). Unfinished or older runs are reported with what they
 hold and a note of what is missing.
 """
 
@@ -352,8 +353,59 @@ def no_mfu_lines(runs: Sequence[RunRecord]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+PROBE_COLUMNS = (
+    ("test accuracy", "accuracy"),
+    ("macro-F1", "macro_f1"),
+    ("accuracy on test texts pretraining did not train on", "accuracy_unseen_by_pretraining"),
+    ("training (s)", "train_seconds"),
+)
+
+
+def probe_section(run: RunRecord, out_dir: Path) -> list[str]:
+    """Per label level the run was probed on: the classifiers' scores beside chance, the
+    overlap with the pretraining split, and the fine-tuned model's confusion matrix."""
+    lines: list[str] = []
+    for level, results in run.probes.items():
+        methods = results["methods"] if isinstance(results["methods"], dict) else {}
+        chance = results["chance"] if isinstance(results["chance"], dict) else {}
+        class_names = results["class_names"]
+        lines += [
+            f"### Classification probe of `{run.name}`: {level}",
+            "",
+            f"{format_value(len(class_names))} classes; {format_value(results['num_train'])} "
+            f"training and {format_value(results['num_test'])} test documents "
+            f"({format_value(results.get('corpus'))}).",
+            "",
+        ]
+        body = [
+            [f"`{method}`", format_value(scores.get("description"))]
+            + [format_value(scores.get(key)) for _, key in PROBE_COLUMNS]
+            for method, scores in methods.items()
+        ]
+        body.append(
+            ["chance", "always the most frequent training class"]
+            + [format_value(chance.get("majority_class_accuracy"))]
+            + [MISSING] * (len(PROBE_COLUMNS) - 1)
+        )
+        lines += markdown_table(["", "classifier", *(label for label, _ in PROBE_COLUMNS)], body)
+        overlap = results["pretraining_overlap"]
+        if isinstance(overlap, dict) and overlap.get("verdict"):
+            lines += ["", f"Overlap with pretraining: {format_value(overlap['verdict'])}"]
+        lines.append("")
+        matrix = methods.get(contract.PROBE_PRETRAINED, {}).get("confusion_matrix")
+        path = out_dir / f"gpt_probe_confusion_matrix_{file_stem(run.name)}_{file_stem(level)}.png"
+        title = f"{run.name}, {level}: fine-tuned, test split"
+        if matrix is not None and plot_confusion_matrix(matrix, title, path, class_names, level):
+            lines += figure_lines(
+                path, f"Confusion matrix of `{run.name}` fine-tuned on the {level} labels"
+            )
+    return lines
+
+
 def gpt_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     lines = ["## GPT-2 pretraining", "", "### Results", "", *summary_table(runs, GPT_ROWS), ""]
+    for run in runs:
+        lines += probe_section(run, out_dir)
     lines += mapping_section(runs, "speed_settings", "### Speed settings in force")
     lines += ["### Curves", "", *curve_section(runs, gpt_figures(runs), out_dir)]
     lines += no_mfu_lines(runs)

@@ -1,7 +1,7 @@
 """Figures of the run report, drawn with matplotlib's object API (no pyplot, no display).
 
 Curve figures take several runs and overlay them, one colour per run in every figure; the
-per-run figures (confusion matrix, feature maps) take one. Each function returns False and
+per-run figures (confusion matrices, feature maps) take one. Each function returns False and
 writes nothing when the runs hold none of the data it draws; a panel no run has data for is
 left out of its figure rather than drawn empty.
 """
@@ -27,6 +27,8 @@ SMOOTHING_WEIGHT_RANGE = (0.6, 0.99)
 PANEL_SIZE = (6.0, 3.6)
 DPI = 110
 SPARSE_POINTS = 3
+# Confusion matrices with more classes show colours only: the counts would not fit the cells.
+MAX_ANNOTATED_CLASSES = 20
 
 
 @dataclass(frozen=True)
@@ -141,27 +143,42 @@ def draw_panel(ax, runs: Sequence[RunRecord], panel: Panel) -> None:
         ax.legend(fontsize="small")
 
 
-def plot_confusion_matrix(matrix: Sequence[Sequence[int]], title: str, path: Path) -> bool:
-    """Counts of (true, predicted) digit pairs, annotated; False for an unusable matrix."""
+def plot_confusion_matrix(
+    matrix: Sequence[Sequence[int]],
+    title: str,
+    path: Path,
+    class_names: Sequence[str] | None = None,
+    noun: str = "digit",
+) -> bool:
+    """Counts of (true, predicted) class pairs, annotated while the cells are large enough to
+    read; ticks named by `class_names` (default: the class numbers). False for an unusable
+    matrix."""
     try:
         counts = np.asarray(matrix, dtype=np.int64)
     except (TypeError, ValueError):  # ragged or not numbers
         return False
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1] or counts.size == 0:
         return False
-    figure = Figure(figsize=(6.0, 5.4), layout="constrained")
+    num_classes = counts.shape[0]
+    # Ten digits fit the default size; more classes (134 WoS areas) get room per class.
+    side = max(6.0, 0.12 * num_classes + 3.0)
+    figure = Figure(figsize=(side, side * 0.9), layout="constrained")
     ax = figure.subplots()
     shown = ax.imshow(counts, cmap="Blues")
     figure.colorbar(shown, ax=ax, shrink=0.8)
-    threshold = counts.max() / 2 if counts.max() else 1
-    for (row, col), count in np.ndenumerate(counts):
-        color = "white" if count > threshold else "black"
-        ax.text(col, row, str(count), ha="center", va="center", fontsize=8, color=color)
-    classes = range(counts.shape[0])
+    if num_classes <= MAX_ANNOTATED_CLASSES:
+        threshold = counts.max() / 2 if counts.max() else 1
+        for (row, col), count in np.ndenumerate(counts):
+            color = "white" if count > threshold else "black"
+            ax.text(col, row, str(count), ha="center", va="center", fontsize=8, color=color)
+    classes = range(num_classes)
     ax.set_xticks(classes)
     ax.set_yticks(classes)
-    ax.set_xlabel("predicted digit")
-    ax.set_ylabel("true digit")
+    if class_names is not None and len(class_names) == num_classes:
+        ax.set_xticklabels(class_names, rotation=90, fontsize="small")
+        ax.set_yticklabels(class_names, fontsize="small")
+    ax.set_xlabel(f"predicted {noun}")
+    ax.set_ylabel(f"true {noun}")
     ax.set_title(title)
     figure.savefig(path, dpi=DPI)
     return True

@@ -1,10 +1,12 @@
-"""Read what a training run left in its folder: summary JSON, TensorBoard events, nvidia-smi.
+"""Read what a training run left in its folder: summary JSON, TensorBoard events, nvidia-smi,
+and the classification probe's results.
 
 Both stages write the same kind of run folder, described in `common/run_contract.py`: a
 summary JSON whose name says which stage wrote it, TensorBoard event files, and the
-`nvidia-smi` snapshot when a GPU was present. A run may be unfinished or from an older
-version: `load_run` then records what is missing in `RunRecord.notes` and returns whatever is
-there.
+`nvidia-smi` snapshot when a GPU was present; a pretraining run probed by `probe/run.py` also
+holds one results file per label level in its probe folder. A run may be unfinished or from an
+older version: `load_run` then records what is missing in `RunRecord.notes` and returns
+whatever is there.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class RunRecord:
     scalars: dict[str, ScalarSeries] = field(default_factory=dict)
     images: dict[str, LoggedImage] = field(default_factory=dict)
     nvidia_smi: str | None = None
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # label level -> results
     notes: list[str] = field(default_factory=list)
     name: str = ""
 
@@ -121,6 +124,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
     nvidia_smi_path = path / contract.NVIDIA_SMI_FILE
     if nvidia_smi_path.is_file():
         record.nvidia_smi = nvidia_smi_path.read_text(encoding="utf-8", errors="replace")
+    read_probe_results(record)
     return record
 
 
@@ -161,6 +165,31 @@ def check_summary(record: RunRecord) -> None:
     missing = [key for key in REQUIRED_KEYS[record.kind] if key not in record.summary]
     if missing and record.summary:
         record.note(f"{summary_name} lacks {', '.join(missing)} (shown as n/a)")
+
+
+def read_probe_results(record: RunRecord) -> None:
+    """Fill `record.probes` from the probe's results files; note the ones it cannot show."""
+    for path in sorted((record.path / contract.PROBE_DIR).glob("*.json")):
+        name = f"{contract.PROBE_DIR}/{path.name}"
+        try:
+            results = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            record.note(f"{name} is not valid JSON ({err}); left out")
+            continue
+        if not isinstance(results, dict):
+            record.note(f"{name} does not hold a JSON object; left out")
+            continue
+        version = results.get("probe_version")
+        if version != contract.PROBE_VERSION:
+            record.note(
+                f"{name} has probe_version {version!r}, this report reads version "
+                f"{contract.PROBE_VERSION}; values it cannot find are shown as n/a"
+            )
+        missing = [key for key in contract.PROBE_REQUIRED_KEYS if key not in results]
+        if missing:
+            record.note(f"{name} lacks {', '.join(missing)}; left out")
+            continue
+        record.probes[path.stem] = results
 
 
 def find_event_dirs(path: Path) -> list[Path]:

@@ -235,6 +235,52 @@ def test_gpu_samples_and_nvidia_smi_snapshot_are_reported(gpt_run_dir, tmp_path)
     assert snapshot.strip() in markdown
 
 
+def test_probe_results_are_reported_with_the_confusion_matrix(gpt_run_dir, tmp_path):
+    from labelled_wos import python_reference_documents, write_labelled_wos
+
+    from probe.run import main as probe
+
+    probed = tmp_path / "gpt_probed"
+    shutil.copytree(gpt_run_dir, probed)
+    corpus = write_labelled_wos(tmp_path / "WebOfScience", python_reference_documents())
+    argv = ["--run_dir", str(probed), "--corpus", str(corpus), "--max_length", "64"]
+    argv += ["--use_cpu", "true", "--methods", contract.PROBE_PRETRAINED, contract.PROBE_TFIDF]
+    assert probe(argv) == 0
+    results = json.loads((probed / contract.PROBE_DIR / "domain.json").read_text())
+
+    out = tmp_path / "report"
+    markdown = build.write_report([probed], out).read_text()
+    table = table_after(markdown, "### Classification probe of `gpt_probed`: domain")
+    for method, scores in results["methods"].items():
+        cells = dict(
+            zip(
+                ["classifier", *(label for label, _ in build.PROBE_COLUMNS)],
+                table[f"`{method}`"],
+                strict=True,
+            )
+        )
+        for label, key in build.PROBE_COLUMNS:
+            assert_cell_shows(cells[label], scores[key], key)
+    assert_cell_shows(table["chance"][1], results["chance"]["majority_class_accuracy"], "chance")
+    assert results["pretraining_overlap"]["verdict"] in markdown
+    figure = "gpt_probe_confusion_matrix_gpt_probed_domain.png"
+    assert figure in embedded_figures(markdown)
+    assert_png_not_blank(out / figure)
+
+
+def test_unreadable_probe_results_are_noted(gpt_run_dir, tmp_path):
+    run = tmp_path / "gpt_tiny"
+    shutil.copytree(gpt_run_dir, run)
+    (run / contract.PROBE_DIR).mkdir()
+    (run / contract.PROBE_DIR / "domain.json").write_text("{ not json")
+    (run / contract.PROBE_DIR / "area.json").write_text(json.dumps({"probe_version": 0}))
+    record = load_run(run)
+    assert record.probes == {}
+    assert any("domain.json is not valid JSON" in note for note in record.notes)
+    assert any("area.json has probe_version 0" in note for note in record.notes)
+    assert any("area.json lacks label_level" in note for note in record.notes)
+
+
 def test_mnist_report_numbers_and_figures(mnist_pytorch_run, mnist_report_dir):
     metrics = json.loads((mnist_pytorch_run / contract.MNIST_METRICS_FILE).read_text())
     markdown = (mnist_report_dir / build.REPORT_FILE).read_text()
