@@ -113,6 +113,13 @@ def describe_overlap(overlap: PretrainingOverlap, is_test: np.ndarray) -> dict[s
     num_validation_in_test = int((overlap.in_validation & is_test).sum())
     num_test_seen = int((overlap.in_training & is_test).sum())
     num_train_seen = int((overlap.in_training & ~is_test).sum())
+    if num_validation:
+        validation_sentence = (
+            f"{num_validation_in_test} of the {num_validation} probe documents that pretraining "
+            "held out for validation are in the test split."
+        )
+    else:
+        validation_sentence = "No probe document was pretraining validation text."
     return {
         "status": REPRODUCED,
         "reason": overlap.reason,
@@ -122,12 +129,10 @@ def describe_overlap(overlap: PretrainingOverlap, is_test: np.ndarray) -> dict[s
         "num_pretraining_training_documents_in_test": num_test_seen,
         "num_test_unseen_by_pretraining": num_test - num_test_seen,
         "verdict": (
-            f"{num_validation_in_test} of the {num_validation} probe documents that pretraining "
-            f"held out for validation are in the test split. {num_test_seen} of the {num_test} "
-            "test documents "
-            "were pretraining training text: pretraining read their words but never their "
-            "labels, so no label leaks; the pretrained model may still know these texts "
-            "better than new ones, hence accuracy_unseen_by_pretraining on the other "
+            f"{validation_sentence} {num_test_seen} of the {num_test} test documents were "
+            "pretraining training text: pretraining read their words but never their labels, "
+            "so no label leaks; the pretrained model may still know these texts better than "
+            "new ones, hence accuracy_unseen_by_pretraining on the other "
             f"{num_test - num_test_seen}."
         ),
     }
