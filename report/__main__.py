@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from common.cli import entry_point
+from common.cli import command_line_parser, entry_point
 from report.build import SCREENSHOT_FILE, write_report
 
 
@@ -32,9 +32,7 @@ class RunReportArguments:
 
 def parse_report_args(argv: list[str] | None) -> tuple[list[str], RunReportArguments]:
     """The run folders and the options."""
-    from transformers import HfArgumentParser  # slow to import; only the command line needs it
-
-    parser = HfArgumentParser(
+    parser = command_line_parser(
         [RunReportArguments],
         prog="python -m report",
         description="Figures and a Markdown report (report.md) from one or more run folders.",
@@ -42,7 +40,7 @@ def parse_report_args(argv: list[str] | None) -> tuple[list[str], RunReportArgum
     parser.add_argument(
         "run_dirs", nargs="+", metavar="RUN_DIR", help="Run folders; several are overlaid."
     )
-    args, extra = parser.parse_args_into_dataclasses(argv)
+    args, extra = parser.parse_dataclasses(argv)
     return extra.run_dirs, args
 
 

@@ -215,6 +215,16 @@ def test_every_entry_point_reports_a_typo_in_one_line(module, capsys):
     assert captured.out == ""
 
 
+def test_report_with_its_own_parser_reports_a_typo_in_one_line(capsys):
+    from report.__main__ import main
+
+    assert main(["runs/x", "--ovewrite"]) == 2
+    captured = capsys.readouterr()
+    assert (
+        captured.err == "error: unknown option --ovewrite (did you mean --overwrite?); see --help\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
