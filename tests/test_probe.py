@@ -201,6 +201,25 @@ def test_run_folder_without_final_model_is_one_line(labelled_corpus, tmp_path, c
     assert list(run_dir.iterdir()) == []
 
 
+def test_weights_under_other_names_are_refused_not_replaced_by_random_ones(
+    pretrained_run, tmp_path
+):
+    from safetensors.torch import load_file, save_file
+
+    from common.cli import InputError
+    from probe.classifier import build_classifier
+
+    final = tmp_path / "final"
+    shutil.copytree(pretrained_run / "final", final)
+    weights = load_file(final / "model.safetensors")
+    renamed = {name.replace(".h.", ".blocks."): tensor for name, tensor in weights.items()}
+    save_file(renamed, final / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InputError, match=r"lacks \d+ of the transformer's weights"):
+        build_classifier(final, ["a", "b"], pad_token_id=1, pretrained=True, seed=0)
+    model = build_classifier(pretrained_run / "final", ["a", "b"], 1, pretrained=True, seed=0)
+    assert model.config.num_labels == 2 and model.config.pad_token_id == 1
+
+
 def test_existing_results_are_not_overwritten(
     domain_results, pretrained_run, labelled_corpus, capsys
 ):
