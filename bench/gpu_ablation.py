@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from common.cli import InputError, entry_point, parse_args
-from pretrain.checkpoints import SUMMARY_FILE
+from common.run_contract import GPT_SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def run_variant(args: AblationArguments, name: str) -> dict:
     command = variant_command(args, name)
     logger.info("%s: %s", name, " ".join(command))
     completed = subprocess.run(command, cwd=REPO_ROOT, check=False)
-    summary_path = Path(args.output_dir) / name / SUMMARY_FILE
+    summary_path = Path(args.output_dir) / name / GPT_SUMMARY_FILE
     if completed.returncode != 0 or not summary_path.is_file():
         logger.error("%s failed with exit code %d", name, completed.returncode)
         return {"failed": completed.returncode}

@@ -44,11 +44,11 @@ from transformers import Trainer, set_seed
 from common.cli import entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.demo_corpus import write_demo_corpus
+from common.run_contract import GPT_SUMMARY_FILE
 from pretrain import run as pretrain_run
-from pretrain.data import load_blocks, load_tokenizer, prepare_blocks
+from pretrain.data import collate_blocks, load_blocks, load_tokenizer, prepare_blocks
 from pretrain.loss import use_chunked_loss
 from pretrain.model import build_model, build_model_config
-from pretrain.training import collate_blocks
 from tokenizer.train import TokenizerArguments, train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def run_trainer(argv: list[str]) -> float:
     if exit_code != 0:
         raise RuntimeError(f"pretrain/run.py exited with {exit_code}")
     output_dir = Path(argv[argv.index("--output_dir") + 1])
-    summary = json.loads((output_dir / pretrain_run.SUMMARY_FILE).read_text())
+    summary = json.loads((output_dir / GPT_SUMMARY_FILE).read_text())
     return summary["tokens_per_second"]
 
 

@@ -45,7 +45,8 @@ from train_tokenizer import synthesize_wos_corpus  # noqa: E402  (bench/ is the 
 from common.cli import entry_point, parse_args  # noqa: E402
 from common.corpus import CorpusArguments, iter_documents  # noqa: E402
 from common.system import hardware_description, library_versions  # noqa: E402
-from pretrain.data import DataArguments, load_tokenizer, prepare_blocks, read_stats  # noqa: E402
+from pretrain.args import DataArguments  # noqa: E402
+from pretrain.data import load_tokenizer, prepare_blocks, read_stats  # noqa: E402
 from tokenizer.train import TokenizerArguments, train_tokenizer  # noqa: E402
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
-"""Trainer callbacks: speed and GPU readings to TensorBoard, and a checkpoint on SIGTERM/SIGUSR1.
+"""Trainer callbacks and TensorBoard plumbing: speed and GPU readings, a checkpoint on signals.
 
-Both hook only into moments where Trainer already synchronises with the device (its logging
-steps), so they add no stall to the steps in between.
+Both callbacks hook only into moments where Trainer already synchronises with the device (its
+logging steps), so they add no stall to the steps in between.
 """
 
 from __future__ import annotations
@@ -14,10 +14,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from torch.utils.tensorboard import SummaryWriter
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.integrations import TensorBoardCallback
 
-from common.gpu import GpuSampler, write_nvidia_smi_snapshot
+from common.run_contract import MFU, TOKENS_PER_SECOND
+from pretrain.data import BlockSchedule
+from pretrain.gpu import GpuSampler, peak_memory_gib, write_nvidia_smi_snapshot
+from pretrain.summary import LoopRecord
 
 logger = logging.getLogger(__name__)
 
@@ -27,22 +31,22 @@ CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class ThroughputCallback(TrainerCallback):
     """Tokens/s and MFU over each logging window, plus NVML readings, as TensorBoard scalars.
 
-    Also times the training loop as a whole (`loop_seconds`, steps `start_step..end_step`)
-    and its first step (`first_step_seconds`: compilation happens there), and takes one
-    `nvidia-smi` snapshot halfway through.
+    Also times the training loop as a whole and its first step (compilation happens there),
+    keeps the peak GPU memory, and takes one `nvidia-smi` snapshot halfway through;
+    `loop_record()` returns these for the run summary.
     """
 
     def __init__(
         self,
         tensorboard: TensorBoardCallback | None,
-        global_batch_tokens: int,
+        schedule: BlockSchedule,
         flops_per_token: float,
         peak_flops_per_second: float | None,
         num_devices: int,
         snapshot_path: Path,
     ) -> None:
         self.tensorboard = tensorboard
-        self.global_batch_tokens = global_batch_tokens
+        self.schedule = schedule
         self.flops_per_token = flops_per_token
         # The whole job's peak: every device runs the same model on its own share of the batch.
         self.peak_flops_per_second = (
@@ -54,6 +58,7 @@ class ThroughputCallback(TrainerCallback):
         self.loop_start: float | None = None
         self.loop_seconds: float | None = None
         self.first_step_seconds: float | None = None
+        self.peak_memory_gib: float | None = None
         self.start_step = 0
         self.end_step = 0
         self._window_start = 0.0
@@ -64,6 +69,10 @@ class ThroughputCallback(TrainerCallback):
         if self.peak_flops_per_second is None:
             return None
         return tokens_per_second * self.flops_per_token / self.peak_flops_per_second
+
+    def tokens_per_second(self, start_step: int, end_step: int, seconds: float) -> float:
+        tokens = self.schedule.tokens_seen(end_step) - self.schedule.tokens_seen(start_step)
+        return tokens / seconds
 
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         self.loop_start = self._window_start = time.perf_counter()
@@ -77,15 +86,16 @@ class ThroughputCallback(TrainerCallback):
         if not logs or "loss" not in logs or state.global_step <= self._window_step:
             return  # evaluation or end-of-training summaries, or nothing new
         now = time.perf_counter()
-        steps = state.global_step - self._window_step
-        tokens_per_second = steps * self.global_batch_tokens / (now - self._window_start)
+        tokens_per_second = self.tokens_per_second(
+            self._window_step, state.global_step, now - self._window_start
+        )
         self._window_start, self._window_step = now, state.global_step
         if not state.is_world_process_zero:
             return
-        scalars = {"perf/tokens_per_second": tokens_per_second, **self.gpu_sampler.read()}
+        scalars = {TOKENS_PER_SECOND: tokens_per_second, **self.gpu_sampler.read()}
         mfu = self.mfu(tokens_per_second)
         if mfu is not None:
-            scalars["perf/mfu"] = mfu
+            scalars[MFU] = mfu
         writer = self.tensorboard.tb_writer if self.tensorboard else None
         if writer is not None:
             for tag, value in scalars.items():
@@ -98,6 +108,22 @@ class ThroughputCallback(TrainerCallback):
         if self.loop_start is not None:
             self.loop_seconds = time.perf_counter() - self.loop_start
         self.end_step = state.global_step
+        self.peak_memory_gib = peak_memory_gib(args.device)
+
+    def loop_record(self) -> LoopRecord:
+        """The whole loop of this session: time, speed (first step included), peak memory."""
+        tokens_per_second = None
+        if self.loop_seconds and self.end_step > self.start_step:
+            tokens_per_second = self.tokens_per_second(
+                self.start_step, self.end_step, self.loop_seconds
+            )
+        return LoopRecord(
+            train_loop_seconds=self.loop_seconds,
+            first_step_seconds=self.first_step_seconds,
+            peak_memory_gib=self.peak_memory_gib,
+            tokens_per_second=tokens_per_second,
+            mfu=None if tokens_per_second is None else self.mfu(tokens_per_second),
+        )
 
 
 class CheckpointOnSignalCallback(TrainerCallback):
@@ -153,3 +179,28 @@ class CheckpointOnSignalCallback(TrainerCallback):
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         self._previous_handlers.clear()
+
+
+def find_tensorboard_callback(trainer: Trainer) -> TensorBoardCallback | None:
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback):
+            return callback
+    return None
+
+
+def continue_tensorboard_log(callback: TensorBoardCallback, log_dir: Path, start_step: int) -> None:
+    """Open the event writer so that a resumed run draws one continuous curve.
+
+    Events an interrupted run wrote after its last checkpoint (steps > `start_step`) would
+    overlap the resumed run's; `purge_step` makes TensorBoard drop them.
+    """
+    event_files = list(log_dir.glob("events.out.tfevents.*"))
+    if not event_files:
+        return
+    # TensorBoard reads a folder's event files in name order, and a name starts with the
+    # second its writer was created: the new file must not share the last file's second, or
+    # it may sort first and the purge would hit nothing.
+    newest_second = max(int(path.name.split(".")[3]) for path in event_files)
+    while time.time() < newest_second + 1:
+        time.sleep(0.05)
+    callback.tb_writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1)

@@ -1,29 +1,30 @@
-"""Which checkpoint a run continues from, and whether a run folder may be (re)used.
+"""Which checkpoint a run continues from, whether a run folder may be (re)used, the final model.
 
 Trainer writes `checkpoint-<step>/` file by file and `trainer_state.json` last, so a folder
 whose `trainer_state.json` is missing or unreadable was cut short (a job killed mid-save) and
-must never be resumed from.
+must never be resumed from. transformers finds and orders the checkpoints; the completeness
+check is ours (its `get_last_checkpoint` returns the newest folder, complete or not).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 from pathlib import Path
 
+from transformers import Trainer
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import sort_checkpoints
+
 from common.cli import InputError
+from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 
 RESUME_AUTO = "auto"
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-TRAINER_STATE_NAME = "trainer_state.json"
-SUMMARY_FILE = "run_summary.json"
-FINAL_MODEL_DIR = "final"
 # Files that mark a finished run in the run folder.
-FINISHED_RUN_MARKERS = (SUMMARY_FILE, FINAL_MODEL_DIR)
+FINISHED_RUN_MARKERS = (GPT_SUMMARY_FILE, FINAL_MODEL_DIR)
 
 
 def checkpoint_global_step(checkpoint_dir: Path) -> int | None:
@@ -37,14 +38,7 @@ def checkpoint_global_step(checkpoint_dir: Path) -> int | None:
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
     """`checkpoint-<step>` folders in `output_dir`, newest (highest step) first."""
-    if not output_dir.is_dir():
-        return []
-    found = [
-        path
-        for path in output_dir.iterdir()
-        if path.is_dir() and CHECKPOINT_PATTERN.match(path.name)
-    ]
-    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)), reverse=True)
+    return [Path(path) for path in reversed(sort_checkpoints(str(output_dir)))]
 
 
 def resolve_resume_checkpoint(
@@ -86,3 +80,18 @@ def resolve_resume_checkpoint(
             shutil.rmtree(checkpoint, ignore_errors=True)
     logger.info("no complete checkpoint in %s: starting from step 0", output_dir)
     return None
+
+
+def save_final_model(trainer: Trainer, final_dir: Path) -> None:
+    """Model (safetensors) + tokenizer into `final_dir`, which appears only when complete."""
+    staging_dir = final_dir.with_name(f".{final_dir.name}.tmp")
+    if trainer.is_world_process_zero() and staging_dir.exists():
+        shutil.rmtree(staging_dir)
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(staging_dir))  # every rank: FSDP gathers the shards here
+    trainer.accelerator.wait_for_everyone()
+    if trainer.is_world_process_zero():
+        if final_dir.exists():
+            shutil.rmtree(final_dir)
+        staging_dir.rename(final_dir)
+        logger.info("final model and tokenizer saved in %s", final_dir)

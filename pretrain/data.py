@@ -33,6 +33,9 @@ block size, the split and budget settings and `PIPELINE_VERSION`; the folder is 
 temporary name and renamed when complete, so a build that was interrupted is never reused.
 `stats.json` inside it records the counts, the dropped remainders and the unigram entropy of the
 training stream in nats (the loss of the best model that ignores context).
+
+For training, `collate_blocks` makes Trainer's batches and `BlockSchedule` counts the optimizer
+steps of one pass over the training blocks and the tokens seen after each.
 """
 
 from __future__ import annotations
@@ -45,20 +48,25 @@ import logging
 import math
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 from tokenizers import Tokenizer
 
 from common.cli import InputError
 from common.corpus import CorpusArguments, CorpusStats, corpus_fingerprint, iter_documents
 from common.files import atomic_dir, write_json_atomic
 from common.system import library_versions
+from pretrain.args import DataArguments
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -82,70 +90,6 @@ TOKENIZER_FILE_NAMES = (
 )
 
 
-@dataclass
-class DataArguments:
-    """Which tokenizer, how long the blocks are, how the corpus is split and budgeted."""
-
-    tokenizer_dir: str = field(
-        metadata={
-            "help": "Tokenizer folder (from train-tokenizer, or any saved Hugging Face fast "
-            "tokenizer with an eos token, e.g. GPT-2's)."
-        }
-    )
-    cache_dir: str = field(
-        default="data/cache",
-        metadata={"help": "Folder that holds the packed-block caches, one subfolder per input."},
-    )
-    block_size: int = field(
-        default=1024, metadata={"help": "Tokens per training example (the context length)."}
-    )
-    n_positions: int = field(
-        default=1024,
-        metadata={
-            "help": "Position embeddings of the model the blocks are for (GPT-2: 1024); a "
-            "--block_size above it is refused."
-        },
-    )
-    validation_fraction: float = field(
-        default=0.005,
-        metadata={
-            "help": "Share of documents held out for validation (at least enough for one block)."
-        },
-    )
-    max_train_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Token budget: keep exactly ceil(max_train_tokens / block_size) training "
-            "blocks, a seeded random sample of the corpus (default: all blocks)."
-        },
-    )
-    repeat_corpus: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow a corpus smaller than --max_train_tokens: repeat it (reshuffled each "
-            "pass) to fill the budget. Without it a too-small corpus is an error."
-        },
-    )
-    num_proc: int | None = field(
-        default=None,
-        metadata={
-            "help": "Processes for tokenization (default: one process; the tokenizer itself "
-            "already uses every core). The blocks do not depend on it."
-        },
-    )
-    map_batch_size: int = field(
-        default=1000,
-        metadata={"help": "Documents per tokenization batch. The blocks do not depend on it."},
-    )
-    split_seed: int = field(
-        default=0,
-        metadata={
-            "help": "Seed of the document hash that picks the validation split and of the "
-            "shuffle that picks the budget's training blocks."
-        },
-    )
-
-
 def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, tokenizer=None) -> Path:
     """Build (or reuse) the Arrow cache of packed blocks; return its folder.
 
@@ -153,7 +97,6 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
     it (else it is loaded here). Every check that needs no tokenization runs first. Raises
     InputError on bad input.
     """
-    check_data_arguments(data_args)
     if tokenizer is None:
         tokenizer = load_tokenizer(data_args.tokenizer_dir)
     cache_root = Path(data_args.cache_dir)
@@ -205,28 +148,6 @@ def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
 def read_stats(cache_dir: str | Path) -> dict[str, Any]:
     """The `stats.json` of a packed-block cache."""
     return json.loads((Path(cache_dir) / STATS_FILE).read_text(encoding="utf-8"))
-
-
-def check_data_arguments(args: DataArguments) -> None:
-    """Reject settings that cannot work, before anything is read."""
-    if args.block_size < 2:
-        raise InputError(f"--block_size {args.block_size} is too small; pass at least 2")
-    if args.block_size > args.n_positions:
-        raise InputError(
-            f"--block_size {args.block_size} is above the model's {args.n_positions} positions "
-            "(--n_positions); lower --block_size or raise --n_positions to match the model"
-        )
-    if not 0.0 < args.validation_fraction < 1.0:
-        raise InputError(
-            f"--validation_fraction {args.validation_fraction} must be between 0 and 1 "
-            "(exclusive), e.g. 0.005"
-        )
-    if args.max_train_tokens is not None and args.max_train_tokens < 1:
-        raise InputError(f"--max_train_tokens {args.max_train_tokens} must be at least 1")
-    if args.num_proc is not None and args.num_proc < 1:
-        raise InputError(f"--num_proc {args.num_proc} must be at least 1")
-    if args.map_batch_size < 1:
-        raise InputError(f"--map_batch_size {args.map_batch_size} must be at least 1")
 
 
 def load_tokenizer(tokenizer_dir: str | Path):
@@ -491,6 +412,8 @@ def choose_validation_documents(
 
 def pack_blocks(token_stream: np.ndarray, block_size: int) -> tuple[np.ndarray, int]:
     """Consecutive `block_size` blocks of the stream (a view) and the dropped tail length."""
+    # Kept over run_clm's `group_texts` (Python lists per map batch): measured 4.5-5x faster
+    # after tokenization and drops one remainder per split, not per batch (docs/BENCHMARKS.md).
     num_blocks = len(token_stream) // block_size
     blocks = token_stream[: num_blocks * block_size].reshape(num_blocks, block_size)
     return blocks, len(token_stream) - num_blocks * block_size
@@ -522,3 +445,75 @@ def blocks_dataset(blocks: np.ndarray) -> datasets.Dataset:
     return datasets.Dataset.from_dict(
         {"input_ids": pa.FixedSizeListArray.from_arrays(flat, block_size)}, features=features
     )
+
+
+# --- Batches and steps of training over the blocks -------------------------------------------
+
+
+def collate_blocks(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Stack packed blocks into a batch; the labels are the inputs (the model shifts them).
+
+    No attention mask: every block is full, so attention is the plain causal kernel.
+    """
+    input_ids = torch.stack([torch.as_tensor(example["input_ids"]) for example in examples])
+    input_ids = input_ids.long()  # (batch, block_size); int64 for the embedding and the loss
+    return {"input_ids": input_ids, "labels": input_ids}
+
+
+def global_batch_blocks(training_args: TrainingArguments) -> int:
+    """Blocks per optimizer step: processes x per-device batch x gradient accumulation."""
+    return (
+        training_args.world_size
+        * training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+    )
+
+
+@dataclass(frozen=True)
+class BlockSchedule:
+    """How training walks the blocks: `batch_blocks` per optimizer step, `max_steps` steps."""
+
+    num_train_blocks: int
+    batch_blocks: int
+    block_size: int
+    max_steps: int
+
+    @classmethod
+    def one_pass(
+        cls, num_train_blocks: int, batch_blocks: int, block_size: int, requested_max_steps: int
+    ) -> BlockSchedule:
+        """The steps that show every training block exactly once.
+
+        ceil(blocks / global batch): the last step takes the remainder, so the token budget is
+        met exactly (Trainer counts an epoch's steps the same way). A positive
+        `requested_max_steps` may stop earlier, e.g. for a quick check, but never later.
+        """
+        if num_train_blocks < batch_blocks:
+            raise InputError(
+                f"the training split has {num_train_blocks} blocks, fewer than one global batch "
+                f"of {batch_blocks}; raise --max_train_tokens (or use a bigger corpus) or lower "
+                "--per_device_train_batch_size / --gradient_accumulation_steps"
+            )
+        steps = math.ceil(num_train_blocks / batch_blocks)
+        if requested_max_steps > steps:
+            raise InputError(
+                f"--max_steps {requested_max_steps} would go past one pass over the "
+                f"{num_train_blocks} training blocks ({steps} steps); raise --max_train_tokens "
+                "instead"
+            )
+        if requested_max_steps > 0:
+            logger.warning(
+                "stopping after --max_steps %d of the %d steps the token budget allows",
+                requested_max_steps,
+                steps,
+            )
+            steps = requested_max_steps
+        return cls(num_train_blocks, batch_blocks, block_size, steps)
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.batch_blocks * self.block_size
+
+    def tokens_seen(self, step: int) -> int:
+        """Training tokens consumed after `step` optimizer steps (the last step may be partial)."""
+        return min(step * self.batch_blocks, self.num_train_blocks) * self.block_size

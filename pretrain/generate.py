@@ -9,40 +9,14 @@ RUN_DIR is a run folder of `pretrain/run.py` (its `final/` model is used) or any
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.cli import InputError, entry_point, parse_args
-from pretrain.checkpoints import FINAL_MODEL_DIR
-
-
-@dataclass
-class GenerateArguments:
-    run_dir: str = field(
-        metadata={"help": "Run folder (uses its final/ model) or a model folder (checkpoint)."}
-    )
-    prompt: str = field(
-        default="", metadata={"help": "Text to continue; empty starts from end-of-text."}
-    )
-    max_new_tokens: int = field(default=60, metadata={"help": "Tokens to sample per text."})
-    num_samples: int = field(default=1, metadata={"help": "How many continuations to print."})
-    temperature: float = field(
-        default=0.8, metadata={"help": "Softmax temperature: lower is more conservative."}
-    )
-    top_k: int = field(default=50, metadata={"help": "Sample among the k most likely tokens."})
-    seed: int = field(default=0, metadata={"help": "Random seed, for repeatable samples."})
-    device: str = field(
-        default="auto", metadata={"help": "'auto' (a GPU if there is one), 'cpu' or 'cuda'."}
-    )
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.num_samples < 1 or self.top_k < 1:
-            raise InputError("--max_new_tokens, --num_samples and --top_k must be at least 1")
-        if self.temperature <= 0:
-            raise InputError(f"--temperature must be positive, got {self.temperature}")
+from common.run_contract import FINAL_MODEL_DIR
+from pretrain.args import GenerateArguments
 
 
 def find_model_dir(run_dir: str | Path) -> Path:

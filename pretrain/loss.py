@@ -10,6 +10,10 @@ matrix product. The value equals `ForCausalLMLoss(lm_head(hidden), labels)`: sam
 same `ignore_index`, same mean (or sum over `num_items_in_batch`, which Trainer passes so
 that gradient accumulation averages over tokens, not micro-batches).
 
+Written here because transformers has no such loss (its Liger integration needs a Triton GPU
+kernel): this one runs on any device, equals HF's loss (tests/test_pretrain_loss.py) and never
+holds more than one chunk of logits.
+
 `use_chunked_loss(model)` makes a causal LM compute its training loss this way: calls with
 `labels` skip the full head and return `logits=None`; calls without labels (generation,
 `pretrain.generate`) are the model's own forward.

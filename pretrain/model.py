@@ -45,6 +45,15 @@ def round_vocab_size(num_tokens: int, multiple: int = VOCAB_MULTIPLE) -> int:
     return math.ceil(num_tokens / multiple) * multiple
 
 
+def check_block_size(block_size: int, n_positions: int, model: str) -> None:
+    """Refuse blocks longer than the model's position embeddings (`model` names its source)."""
+    if block_size > n_positions:
+        raise InputError(
+            f"--block_size {block_size} is longer than the {n_positions} positions of {model}; "
+            f"pass --block_size {n_positions} or less"
+        )
+
+
 def build_model_config(
     preset_name: str,
     tokenizer: PreTrainedTokenizerBase,
@@ -59,11 +68,7 @@ def build_model_config(
             f"unknown model preset '{preset_name}'; choose one of {', '.join(PRESETS)}"
         )
     preset = PRESETS[preset_name]
-    if block_size > preset.n_positions:
-        raise InputError(
-            f"block_size {block_size} is longer than the {preset.n_positions} positions of preset "
-            f"'{preset_name}'; pass --block_size {preset.n_positions} or less"
-        )
+    check_block_size(block_size, preset.n_positions, f"preset '{preset_name}'")
     num_tokens = len(tokenizer)
     if vocab_size is None:
         vocab_size = round_vocab_size(num_tokens)
@@ -95,6 +100,10 @@ def build_model_config(
 def build_model(config: GPT2Config) -> GPT2LMHeadModel:
     """A randomly initialised GPT-2 (never pretrained weights); logs its real size."""
     model = GPT2LMHeadModel(config)
+    # transformers names the loss after the class, and "GPT2LMHeadModel" names none: it would
+    # warn on every run, and Trainer would divide the shifted loss by every label instead of
+    # the block_size - 1 predicted ones per block (the loss read (T-1)/T of its value).
+    model.loss_type = "ForCausalLM"
     logger.info(
         "GPT-2 %d layers x %d wide, %d heads, vocab %d: %s parameters (%s without position "
         "embeddings), attention %s",

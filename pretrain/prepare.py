@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from common.cli import entry_point, parse_args
 from common.corpus import CorpusArguments
-from pretrain.data import DataArguments, prepare_blocks
+from pretrain.args import DataArguments
+from pretrain.data import prepare_blocks
 
 
 @entry_point

@@ -13,80 +13,146 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
+import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import torch
-from accelerate.utils import gather_object
-from transformers import Trainer, TrainingArguments, set_seed
+import datasets
+import psutil
+import transformers
+from transformers import GPT2Config, PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
 
 from common.cli import InputError, entry_point, parse_args
 from common.corpus import CorpusArguments
-from common.files import write_json_atomic
-from common.gpu import NVIDIA_SMI_FILE, peak_flops_per_second
-from pretrain.args import ModelArguments, ReportArguments
-from pretrain.callbacks import CheckpointOnSignalCallback, ThroughputCallback
-from pretrain.checkpoints import (
-    FINAL_MODEL_DIR,
-    SUMMARY_FILE,
-    checkpoint_global_step,
-    resolve_resume_checkpoint,
+from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, NVIDIA_SMI_FILE, TENSORBOARD_DIR
+from pretrain.args import DataArguments, ModelArguments, PretrainArguments, ReportArguments
+from pretrain.callbacks import (
+    CheckpointOnSignalCallback,
+    ThroughputCallback,
+    continue_tensorboard_log,
+    find_tensorboard_callback,
 )
-from pretrain.data import DataArguments, load_blocks, load_tokenizer, prepare_blocks, read_stats
+from pretrain.checkpoints import checkpoint_global_step, resolve_resume_checkpoint, save_final_model
+from pretrain.data import (
+    BlockSchedule,
+    collate_blocks,
+    global_batch_blocks,
+    load_blocks,
+    load_tokenizer,
+    prepare_blocks,
+    read_stats,
+)
+from pretrain.gpu import accelerator_name, peak_flops_per_second
+from pretrain.launch import check_processes_joined
 from pretrain.loss import use_chunked_loss
 from pretrain.model import build_model, build_model_config, count_parameters, flops_per_token
-from pretrain.precision import resolve_precision
+from pretrain.precision import PrecisionChoice, resolve_precision
 from pretrain.summary import (
-    build_run_summary,
-    config_as_dict,
+    OutcomeRecord,
+    PlanRecord,
+    RunSummary,
+    SetupRecord,
     final_training_loss,
-    process_start_time,
-)
-from pretrain.training import (
-    collate_blocks,
-    continue_tensorboard_log,
-    derive_max_steps,
-    find_tensorboard_callback,
-    global_batch_blocks,
-    parameter_checksum,
-    tokens_seen,
-    trainer_creation_environment,
+    replica_checksums,
 )
 
 logger = logging.getLogger(__name__)
 
-TENSORBOARD_DIR = "tensorboard"
+
+@dataclass
+class RunPlan:
+    """What is decided before any weight exists: the checked inputs, the data, the steps."""
+
+    tokenizer: PreTrainedTokenizerBase
+    model_config: GPT2Config
+    precision: PrecisionChoice
+    blocks: datasets.DatasetDict
+    schedule: BlockSchedule
+    resume_checkpoint: Path | None
+    record: PlanRecord
 
 
-def pretrain(
-    model_args: ModelArguments,
-    corpus_args: CorpusArguments,
-    data_args: DataArguments,
-    report_args: ReportArguments,
-    training_args: TrainingArguments,
-    launched_at: float,
-) -> int:
-    """Check the inputs, prepare the data, train, evaluate once, save; return the exit code."""
-    launched_processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched_processes != training_args.world_size:
-        raise InputError(
-            f"the launcher started {launched_processes} processes but they did not join one "
-            f"training ({training_args.world_size} seen): on CPU pass --use_cpu true (or set "
-            "ACCELERATE_USE_CPU=1), else check that every process sees its GPU"
-        )
+@dataclass
+class TrainerSetup:
+    """A Trainer ready to train, the callbacks the run reads back, and what was built."""
+
+    trainer: Trainer
+    throughput: ThroughputCallback
+    stop_on_signal: CheckpointOnSignalCallback
+    record: SetupRecord
+
+
+def pretrain(args: PretrainArguments, launched_at: float) -> int:
+    """Check the inputs and plan the run, build the trainer, train, summarise; the exit code."""
+    plan = plan_run(args)
+    setup = build_trainer(args, plan)
+    stopped_by = train(setup, plan)
+    if stopped_by is not None:
+        return 128 + int(stopped_by)
+    summary = summarise(args, plan, setup, launched_at)
+    if setup.trainer.is_world_process_zero():
+        output_dir = Path(args.training.output_dir)
+        summary.write(output_dir / GPT_SUMMARY_FILE)
+        print(f"{summary.headline()}; run folder {output_dir}")
+    return 0
+
+
+def plan_run(args: PretrainArguments) -> RunPlan:
+    """Check everything that can be checked cheaply, then prepare the blocks and count steps."""
+    training_args, data_args = args.training, args.data
+    check_processes_joined(training_args)
     precision = resolve_precision(training_args)
     tokenizer = load_tokenizer(data_args.tokenizer_dir)
     model_config = build_model_config(
-        model_args.model_preset,
+        args.model.model_preset,
         tokenizer,
         data_args.block_size,
-        vocab_size=model_args.vocab_size,
-        dropout=model_args.dropout,
-        attn_implementation=model_args.attn_implementation,
+        vocab_size=args.model.vocab_size,
+        dropout=args.model.dropout,
+        attn_implementation=args.model.attn_implementation,
     )
     batch_blocks = global_batch_blocks(training_args)
+    check_budget_fills_a_batch(data_args, training_args, batch_blocks)
+    with training_args.main_process_first(local=False, desc="checking the run folder"):
+        resume_checkpoint = resolve_resume_checkpoint(
+            training_args.output_dir,
+            training_args.resume_from_checkpoint,
+            remove_incomplete=training_args.should_save,
+        )
+    # The main process builds the cache; the others then find it ready (shared filesystem).
+    with training_args.main_process_first(local=False, desc="preparing packed blocks"):
+        cache_dir = prepare_blocks(args.corpus, data_args, tokenizer)
+    blocks = load_blocks(cache_dir)
+    schedule = BlockSchedule.one_pass(
+        len(blocks["train"]), batch_blocks, data_args.block_size, training_args.max_steps
+    )
+    training_args.max_steps = schedule.max_steps
+    logger.info(
+        "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
+        f"{schedule.num_train_blocks:,}",
+        schedule.block_size,
+        schedule.batch_blocks,
+        f"{schedule.batch_tokens:,}",
+        schedule.max_steps,
+    )
+    record = PlanRecord(
+        max_steps=schedule.max_steps,
+        global_batch_tokens=schedule.batch_tokens,
+        resumed_from_step=checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
+        data={"cache_dir": str(cache_dir), **read_stats(cache_dir)},
+    )
+    return RunPlan(tokenizer, model_config, precision, blocks, schedule, resume_checkpoint, record)
+
+
+def check_budget_fills_a_batch(
+    data_args: DataArguments, training_args: TrainingArguments, batch_blocks: int
+) -> None:
+    """Refuse a token budget below one optimizer step before tokenizing anything."""
     batch_tokens = batch_blocks * data_args.block_size
     if data_args.max_train_tokens is not None and data_args.max_train_tokens < batch_tokens:
         raise InputError(
@@ -96,208 +162,204 @@ def pretrain(
             f"{training_args.gradient_accumulation_steps} accumulation x {data_args.block_size}); "
             "raise the budget or lower the batch"
         )
-    output_dir = Path(training_args.output_dir)
-    with training_args.main_process_first(local=False, desc="checking the run folder"):
-        resume_checkpoint = resolve_resume_checkpoint(
-            output_dir,
-            training_args.resume_from_checkpoint,
-            remove_incomplete=training_args.should_save,
-        )
-    start_step = 0 if resume_checkpoint is None else checkpoint_global_step(resume_checkpoint)
 
-    # The main process builds the cache; the others then find it ready (shared filesystem).
-    with training_args.main_process_first(local=False, desc="preparing packed blocks"):
-        cache_dir = prepare_blocks(corpus_args, data_args, tokenizer)
-    blocks = load_blocks(cache_dir)
-    num_train_blocks = len(blocks["train"])
-    training_args.max_steps = derive_max_steps(
-        num_train_blocks, batch_blocks, training_args.max_steps
-    )
-    logger.info(
-        "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
-        f"{num_train_blocks:,}",
-        data_args.block_size,
-        batch_blocks,
-        f"{batch_tokens:,}",
-        training_args.max_steps,
-    )
 
+def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
+    """The random model, the Trainer around it (accelerate set up inside) and our callbacks."""
+    training_args = args.training
     set_seed(training_args.seed)  # the random initial weights are part of the experiment
-    model = build_model(model_config)
-    if model_args.loss_implementation == "chunked":
+    model = build_model(plan.model_config)
+    if args.model.loss_implementation == "chunked":
         use_chunked_loss(model)
-    model_flops_per_token = flops_per_token(model, data_args.block_size)
-    peak = (
-        report_args.peak_tflops * 1e12
-        if report_args.peak_tflops
-        else peak_flops_per_second(torch_device_name(training_args))
-    )
-
+    output_dir = Path(training_args.output_dir)
     tensorboard_dir = output_dir / TENSORBOARD_DIR
     # The run reports the validation loss only; keeping the logits would hold validation
     # blocks x 1024 x vocabulary floats.
     training_args.prediction_loss_only = True
     if "tensorboard" not in training_args.report_to:
         training_args.report_to = [*training_args.report_to, "tensorboard"]
-    signal_callback = CheckpointOnSignalCallback()
-    with trainer_creation_environment(tensorboard_dir, model_args.compile_regions):
+    stop_on_signal = CheckpointOnSignalCallback()
+    with trainer_creation_environment(tensorboard_dir, args.model.compile_regions):
         trainer = Trainer(
             model=model,
             args=training_args,
-            train_dataset=blocks["train"],
-            eval_dataset=blocks["validation"] if len(blocks["validation"]) else None,
+            train_dataset=plan.blocks["train"],
+            eval_dataset=plan.blocks["validation"] if len(plan.blocks["validation"]) else None,
             data_collator=collate_blocks,
-            processing_class=tokenizer,
-            callbacks=[signal_callback],
+            processing_class=plan.tokenizer,
+            callbacks=[stop_on_signal],
         )
+    # From here accelerate has set up the processes, devices and precision it will train with.
+    accelerator_state = str(trainer.accelerator.state)
+    logger.info("accelerator state:\n%s", accelerator_state)
+
     tensorboard = find_tensorboard_callback(trainer)
+    if tensorboard is not None and trainer.is_world_process_zero():
+        continue_tensorboard_log(tensorboard, tensorboard_dir, plan.record.resumed_from_step)
+    model_flops_per_token = flops_per_token(model, args.data.block_size)
+    peak_tflops = args.report.peak_tflops
     throughput = ThroughputCallback(
         tensorboard,
-        global_batch_tokens=batch_tokens,
+        plan.schedule,
         flops_per_token=model_flops_per_token,
-        peak_flops_per_second=peak,
+        peak_flops_per_second=(
+            peak_tflops * 1e12
+            if peak_tflops
+            else peak_flops_per_second(accelerator_name(training_args.device))
+        ),
         num_devices=training_args.world_size,
         snapshot_path=output_dir / NVIDIA_SMI_FILE,
     )
     trainer.add_callback(throughput)
-    if tensorboard is not None and trainer.is_world_process_zero():
-        continue_tensorboard_log(tensorboard, tensorboard_dir, start_step)
-    accelerator_state = str(trainer.accelerator.state)
-    logger.info("accelerator state:\n%s", accelerator_state)
+    record = SetupRecord(
+        num_parameters=count_parameters(model),
+        flops_per_token=model_flops_per_token,
+        num_processes=training_args.world_size,
+        accelerator_state=accelerator_state,
+        speed_settings=speed_settings(args, plan.precision, model.config),
+        config={
+            **args.to_dict(),
+            "model_config": model.config.to_dict(),
+            "precision_source": plan.precision.source,
+        },
+    )
+    return TrainerSetup(trainer, throughput, stop_on_signal, record)
 
-    trainer.train(resume_from_checkpoint=str(resume_checkpoint) if resume_checkpoint else None)
-    if signal_callback.stopped_at_step is not None:
+
+def speed_settings(
+    args: PretrainArguments, precision: PrecisionChoice, model_config: GPT2Config
+) -> dict[str, Any]:
+    """The settings that decide how fast a step runs, under the names the ablation table uses."""
+    training_args = args.training
+    return {
+        "precision": "fp32" if precision.mixed_precision == "no" else precision.mixed_precision,
+        "tf32": precision.tf32,
+        "compile": training_args.torch_compile,
+        "compile_regions": training_args.torch_compile and args.model.compile_regions,
+        "attn_implementation": model_config._attn_implementation,
+        "fused_adamw": training_args.optim == "adamw_torch_fused",
+        "loss_implementation": args.model.loss_implementation,
+        "batch": training_args.per_device_train_batch_size,
+        "grad_accum": training_args.gradient_accumulation_steps,
+        "dataloader_num_workers": training_args.dataloader_num_workers,
+    }
+
+
+@contextmanager
+def trainer_creation_environment(log_dir: Path, regional_compilation: bool) -> Iterator[None]:
+    """While Trainer is created, the environment variables it reads there and only there.
+
+    transformers 5 takes TensorBoard's folder from TENSORBOARD_LOGGING_DIR (`logging_dir` is
+    gone), read once by the callback's constructor; accelerate decides whether
+    `--torch_compile` compiles each repeated block on its own from
+    ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION, read once by the TorchDynamoPlugin that Trainer
+    builds. The variables are restored afterwards.
+    """
+    values = {
+        "TENSORBOARD_LOGGING_DIR": str(log_dir),
+        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true" if regional_compilation else "false",
+    }
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
+def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
+    """Train to the end and save `final/`; or the signal that stopped training at a checkpoint."""
+    trainer = setup.trainer
+    resume = plan.resume_checkpoint
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    stop = setup.stop_on_signal
+    if stop.stopped_at_step is not None:
         logger.warning(
             "stopped by %s at step %d of %d after saving a checkpoint; continue with "
             "--resume_from_checkpoint auto",
-            signal_callback.received.name,
-            signal_callback.stopped_at_step,
-            training_args.max_steps,
+            stop.received.name,
+            stop.stopped_at_step,
+            plan.schedule.max_steps,
         )
-        return 128 + int(signal_callback.received)
+        return stop.received
+    save_final_model(trainer, Path(trainer.args.output_dir) / FINAL_MODEL_DIR)
+    return None
 
+
+def summarise(
+    args: PretrainArguments, plan: RunPlan, setup: TrainerSetup, launched_at: float
+) -> RunSummary:
+    """Evaluate once, then gather every part of the run summary."""
+    trainer = setup.trainer
     eval_loss = trainer.evaluate()["eval_loss"] if trainer.eval_dataset is not None else None
-    save_final_model(trainer, output_dir / FINAL_MODEL_DIR)
-    checksums = replica_checksums(trainer)
-
     final_loss, window = final_training_loss(
-        trainer.state.log_history, report_args.final_loss_window
+        trainer.state.log_history, args.report.final_loss_window
     )
-    session_tokens = tokens_seen(
-        throughput.end_step, batch_blocks, num_train_blocks, data_args.block_size
-    ) - tokens_seen(throughput.start_step, batch_blocks, num_train_blocks, data_args.block_size)
-    loop_seconds = throughput.loop_seconds
-    summary = build_run_summary(
-        wall_seconds=time.time() - launched_at,
-        train_loop_seconds=loop_seconds,
-        tokens_trained=tokens_seen(
-            trainer.state.global_step, batch_blocks, num_train_blocks, data_args.block_size
-        ),
-        session_tokens=session_tokens,
-        mfu=throughput.mfu(session_tokens / loop_seconds) if loop_seconds else None,
+    outcome = OutcomeRecord(
+        global_step=trainer.state.global_step,
+        tokens_trained=plan.schedule.tokens_seen(trainer.state.global_step),
         final_loss=final_loss,
         final_loss_window=window,
-        loss_threshold=report_args.loss_threshold,
+        loss_threshold=args.report.loss_threshold,
         eval_loss=eval_loss,
-        max_steps=training_args.max_steps,
-        global_step=trainer.state.global_step,
-        resumed_from_step=start_step,
-        global_batch_tokens=batch_tokens,
-        num_parameters=count_parameters(model),
-        flops_per_token=model_flops_per_token,
-        accelerator_state=accelerator_state,
-        num_processes=training_args.world_size,
-        replica_checksums=checksums,
-        config={
-            **config_as_dict(model_args, corpus_args, data_args, report_args, training_args),
-            "model_config": model.config.to_dict(),
-            "precision_source": precision.source,
-        },
-        data={"cache_dir": str(cache_dir), **read_stats(cache_dir)},
-        first_step_seconds=throughput.first_step_seconds,
-        peak_memory_gib=peak_memory_gib(training_args),
-        speed_settings={
-            "precision": "fp32" if precision.mixed_precision == "no" else precision.mixed_precision,
-            "tf32": precision.tf32,
-            "compile": training_args.torch_compile,
-            "compile_regions": training_args.torch_compile and model_args.compile_regions,
-            "attn_implementation": model_config._attn_implementation,
-            "fused_adamw": training_args.optim == "adamw_torch_fused",
-            "loss_implementation": model_args.loss_implementation,
-            "batch": training_args.per_device_train_batch_size,
-            "grad_accum": training_args.gradient_accumulation_steps,
-            "dataloader_num_workers": training_args.dataloader_num_workers,
-        },
+        replica_checksums=replica_checksums(trainer),
     )
-    if trainer.is_world_process_zero():
-        write_json_atomic(output_dir / SUMMARY_FILE, summary)
-        verdict = "below" if summary["loss_below_threshold"] else "NOT below"
-        print(
-            f"final loss {final_loss:.3f} ({verdict} {report_args.loss_threshold:g}), "
-            f"eval loss {eval_loss if eval_loss is None else round(eval_loss, 3)}, "
-            f"{summary['tokens_per_second'] or 0:,.0f} tokens/s; run folder {output_dir}"
-        )
-    return 0
+    return RunSummary(
+        wall_seconds=time.time() - launched_at,
+        plan=plan.record,
+        setup=setup.record,
+        loop=setup.throughput.loop_record(),
+        outcome=outcome,
+    )
 
 
-def torch_device_name(training_args: TrainingArguments) -> str:
-    """The accelerator's marketing name ("NVIDIA H200"), or "cpu"."""
-    device = training_args.device
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-
-
-def peak_memory_gib(training_args: TrainingArguments) -> float | None:
-    """The most GPU memory this process's tensors held at once (GiB); None on CPU."""
-    device = training_args.device
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-
-
-def save_final_model(trainer: Trainer, final_dir: Path) -> None:
-    """Model (safetensors) + tokenizer into `final_dir`, which appears only when complete."""
-    staging_dir = final_dir.with_name(f".{final_dir.name}.tmp")
-    if trainer.is_world_process_zero() and staging_dir.exists():
-        shutil.rmtree(staging_dir)
-    trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(staging_dir))  # every rank: FSDP gathers the shards here
-    trainer.accelerator.wait_for_everyone()
-    if trainer.is_world_process_zero():
-        if final_dir.exists():
-            shutil.rmtree(final_dir)
-        staging_dir.rename(final_dir)
-        logger.info("final model and tokenizer saved in %s", final_dir)
-
-
-def replica_checksums(trainer: Trainer) -> list[str] | None:
-    """One parameter checksum per process (None when the parameters are sharded)."""
-    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
-        return None
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    return gather_object([parameter_checksum(model)])
-
-
-ARGUMENT_TYPES = (
-    ModelArguments,
-    CorpusArguments,
-    DataArguments,
-    ReportArguments,
-    TrainingArguments,
-)
-
-
-def parse_pretrain_args(argv: list[str] | None = None) -> tuple:
+def parse_pretrain_args(argv: list[str] | None = None) -> PretrainArguments:
     """(model, corpus, data, report, training) arguments from flags and `--config`."""
-    return parse_args(
-        ARGUMENT_TYPES,
-        argv,
-        description="Pretrain GPT-2 from scratch on packed blocks (transformers Trainer).",
-        prog="pretrain/run.py",
+    return PretrainArguments(
+        *parse_args(
+            (ModelArguments, CorpusArguments, DataArguments, ReportArguments, TrainingArguments),
+            argv,
+            description="Pretrain GPT-2 from scratch on packed blocks (transformers Trainer).",
+            prog="pretrain/run.py",
+        )
     )
+
+
+@contextmanager
+def library_progress_bars(enabled: bool) -> Iterator[None]:
+    """`--disable_tqdm` reaches only Trainer's own bars; hide those of datasets (tokenizing,
+    saving blocks) and transformers (writing model shards) too while the run lasts."""
+    datasets_bars = datasets.utils.is_progress_bar_enabled()
+    transformers_bars = transformers.utils.logging.is_progress_bar_enabled()
+    if not enabled:
+        datasets.utils.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if datasets_bars and not enabled:
+            datasets.utils.enable_progress_bars()
+        if transformers_bars and not enabled:
+            transformers.utils.logging.enable_progress_bar()
+
+
+def _is_not_deepspeed_cpu_notice(record: logging.LogRecord) -> bool:
+    # DeepSpeed, imported by accelerate whenever it is installed, announces on every start
+    # without a GPU that it uses the CPU; the run logs the device it trains on itself.
+    return not record.getMessage().startswith("Setting accelerator to CPU")
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    launched_at = process_start_time()
-    return pretrain(*parse_pretrain_args(argv), launched_at=launched_at)
+    launched_at = psutil.Process().create_time()
+    args = parse_pretrain_args(argv)
+    logging.getLogger("DeepSpeed").addFilter(_is_not_deepspeed_cpu_notice)
+    with library_progress_bars(enabled=not args.training.disable_tqdm):
+        return pretrain(args, launched_at)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,131 @@
-"""`run_summary.json`: what a pretraining run achieved, how fast, on what, with which settings."""
+"""`run_summary.json`: what a pretraining run achieved, how fast, on what, with which settings.
+
+The summary is made of parts, each filled by the step of `pretrain/run.py` that knows its
+numbers: `PlanRecord` by the plan (steps, batch, data), `SetupRecord` by the trainer set-up
+(model, processes, speed settings), `LoopRecord` by `ThroughputCallback` (the training loop's
+time and speed) and `OutcomeRecord` at the end (losses, replicas). `RunSummary.to_dict()` is
+the file's content; its version and the keys the report relies on are in
+`common.run_contract`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
-import os
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from accelerate.utils import gather_object
+from transformers import Trainer
+
+from common.files import write_json_atomic
+from common.run_contract import GPT_SUMMARY_VERSION
 from common.system import hardware_description, library_versions
 
-SUMMARY_VERSION = 1
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """Decided before training: how many steps, how big a batch, on which data."""
+
+    max_steps: int
+    global_batch_tokens: int
+    resumed_from_step: int
+    data: dict[str, Any]  # the packed-block cache folder and its stats.json
 
 
-def process_start_time() -> float:
-    """Unix time at which this process started (Linux), else now: the launch, for wall time."""
-    try:
-        # Field 22 of /proc/self/stat, counted after the parenthesised command name.
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        started_after_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
-        running_for = time.clock_gettime(time.CLOCK_BOOTTIME) - started_after_boot
-        return time.time() - running_for
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.time()
+@dataclass(frozen=True)
+class SetupRecord:
+    """What was built: the model, the processes that train it, the settings that decide speed."""
+
+    num_parameters: int
+    flops_per_token: float
+    num_processes: int
+    accelerator_state: str
+    speed_settings: dict[str, Any]
+    config: dict[str, Any]  # every resolved argument dataclass, the model config, precision
+
+
+@dataclass(frozen=True)
+class LoopRecord:
+    """This process's training loop; after a resume, the steps since the checkpoint."""
+
+    train_loop_seconds: float | None
+    first_step_seconds: float | None  # carries torch.compile's work and CUDA's warm-up
+    peak_memory_gib: float | None
+    tokens_per_second: float | None
+    mfu: float | None
+
+
+@dataclass(frozen=True)
+class OutcomeRecord:
+    """Where the whole run ended (across resumes): steps, tokens, losses, replica agreement."""
+
+    global_step: int
+    tokens_trained: int
+    final_loss: float | None
+    final_loss_window: int
+    loss_threshold: float
+    eval_loss: float | None
+    replica_checksums: list[str] | None  # one per process; None when parameters are sharded
+
+    @property
+    def loss_below_threshold(self) -> bool:
+        return self.final_loss is not None and self.final_loss < self.loss_threshold
+
+    @property
+    def perplexity(self) -> float | None:
+        return perplexity(self.eval_loss)
+
+    @property
+    def replicas_in_sync(self) -> bool | None:
+        if self.replica_checksums is None:
+            return None
+        return len(set(self.replica_checksums)) == 1
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    wall_seconds: float  # from the process launch to the summary
+    plan: PlanRecord
+    setup: SetupRecord
+    loop: LoopRecord
+    outcome: OutcomeRecord
+
+    def to_dict(self) -> dict[str, Any]:
+        """The content of run_summary.json."""
+        return {
+            "summary_version": GPT_SUMMARY_VERSION,
+            "wall_seconds": self.wall_seconds,
+            **dataclasses.asdict(self.loop),
+            **dataclasses.asdict(self.outcome),
+            "loss_below_threshold": self.outcome.loss_below_threshold,
+            "perplexity": self.outcome.perplexity,
+            "replicas_in_sync": self.outcome.replicas_in_sync,
+            **dataclasses.asdict(self.plan),
+            **dataclasses.asdict(self.setup),
+            "hardware": hardware_description(),
+            "versions": library_versions(),
+        }
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, self.to_dict())
+
+    def headline(self) -> str:
+        """The result in one line: final loss against the threshold, eval loss, speed."""
+        outcome = self.outcome
+        verdict = "below" if outcome.loss_below_threshold else "NOT below"
+        return (
+            f"final loss {_rounded(outcome.final_loss)} ({verdict} {outcome.loss_threshold:g}), "
+            f"eval loss {_rounded(outcome.eval_loss)}, "
+            f"{self.loop.tokens_per_second or 0:,.0f} tokens/s"
+        )
+
+
+def _rounded(loss: float | None) -> str:
+    return "n/a" if loss is None else f"{loss:.3f}"
 
 
 def final_training_loss(log_history: list[dict[str, Any]], window: int) -> tuple[float | None, int]:
@@ -49,80 +151,18 @@ def perplexity(loss: float | None) -> float | None:
         return None
 
 
-def config_as_dict(*argument_objects: Any) -> dict[str, dict[str, Any]]:
-    """Every resolved argument dataclass, keyed by its class name."""
-    resolved = {}
-    for arguments in argument_objects:
-        if hasattr(arguments, "to_dict"):  # TrainingArguments: enums as strings, secrets hidden
-            values = arguments.to_dict()
-        else:
-            values = dataclasses.asdict(arguments)
-        resolved[type(arguments).__name__] = values
-    return resolved
+def replica_checksums(trainer: Trainer) -> list[str] | None:
+    """One parameter checksum per process (None when the parameters are sharded)."""
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        return None
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return gather_object([parameter_checksum(model)])
 
 
-def build_run_summary(
-    *,
-    wall_seconds: float,
-    train_loop_seconds: float | None,
-    tokens_trained: int,
-    session_tokens: int,
-    mfu: float | None,
-    final_loss: float | None,
-    final_loss_window: int,
-    loss_threshold: float,
-    eval_loss: float | None,
-    max_steps: int,
-    global_step: int,
-    resumed_from_step: int,
-    global_batch_tokens: int,
-    num_parameters: int,
-    flops_per_token: float,
-    accelerator_state: str,
-    num_processes: int,
-    replica_checksums: list[str] | None,
-    config: dict[str, Any],
-    data: dict[str, Any],
-    speed_settings: dict[str, Any],
-    first_step_seconds: float | None = None,
-    peak_memory_gib: float | None = None,
-) -> dict[str, Any]:
-    """The summary dict; times and speed cover this process's session (after a resume, the
-    steps since the checkpoint), losses and tokens the whole run."""
-    tokens_per_second = (
-        session_tokens / train_loop_seconds if train_loop_seconds and session_tokens else None
-    )
-    return {
-        "summary_version": SUMMARY_VERSION,
-        "wall_seconds": wall_seconds,
-        "train_loop_seconds": train_loop_seconds,
-        # The first step carries torch.compile's work and CUDA's warm-up.
-        "first_step_seconds": first_step_seconds,
-        "peak_memory_gib": peak_memory_gib,
-        "tokens_trained": tokens_trained,
-        "tokens_per_second": tokens_per_second,
-        "mfu": mfu,
-        "final_loss": final_loss,
-        "final_loss_window": final_loss_window,
-        "loss_threshold": loss_threshold,
-        "loss_below_threshold": final_loss is not None and final_loss < loss_threshold,
-        "eval_loss": eval_loss,
-        "perplexity": perplexity(eval_loss),
-        "max_steps": max_steps,
-        "global_step": global_step,
-        "resumed_from_step": resumed_from_step,
-        "global_batch_tokens": global_batch_tokens,
-        "num_parameters": num_parameters,
-        "flops_per_token": flops_per_token,
-        "num_processes": num_processes,
-        "replica_checksums": replica_checksums,
-        "replicas_in_sync": (
-            None if replica_checksums is None else len(set(replica_checksums)) == 1
-        ),
-        "hardware": hardware_description(),
-        "versions": library_versions(),
-        "accelerator_state": accelerator_state,
-        "config": config,
-        "data": data,
-        "speed_settings": speed_settings,
-    }
+def parameter_checksum(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter's bytes: equal on all ranks iff the replicas are in sync."""
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(parameter.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()

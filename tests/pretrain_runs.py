@@ -7,6 +7,10 @@ import os
 import sys
 from pathlib import Path
 
+from transformers.trainer import TRAINER_STATE_NAME
+
+from common.run_contract import GPT_SUMMARY_FILE
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_SCRIPT = REPO_ROOT / "pretrain" / "run.py"
 TINY_CONFIG = REPO_ROOT / "pretrain" / "configs" / "tiny.yaml"
@@ -70,10 +74,10 @@ def run_script_command(argv: list[str]) -> list[str]:
 
 
 def read_summary(output_dir: Path) -> dict:
-    return json.loads((output_dir / "run_summary.json").read_text())
+    return json.loads((output_dir / GPT_SUMMARY_FILE).read_text())
 
 
 def logged_losses(checkpoint_dir: Path) -> list[tuple[int, float]]:
     """(step, loss) of every training log entry in a checkpoint's trainer_state.json."""
-    state = json.loads((checkpoint_dir / "trainer_state.json").read_text())
+    state = json.loads((checkpoint_dir / TRAINER_STATE_NAME).read_text())
     return [(entry["step"], entry["loss"]) for entry in state["log_history"] if "loss" in entry]

@@ -80,6 +80,8 @@ def test_gpu_ablation_dry_run_runs_the_shipped_config_and_tabulates(
     whole small budget and an eager variant for 2 steps, read back into one table."""
     import json
 
+    from common.run_contract import GPT_SUMMARY_FILE
+
     gpu_ablation = load_bench_script("gpu_ablation")
     output_dir = tmp_path / "runs"
     exit_code = gpu_ablation.main(
@@ -91,8 +93,8 @@ def test_gpu_ablation_dry_run_runs_the_shipped_config_and_tabulates(
         ]
     )
     assert exit_code == 0
-    main_run = json.loads((output_dir / "main" / "run_summary.json").read_text())
-    eager_run = json.loads((output_dir / "eager" / "run_summary.json").read_text())
+    main_run = json.loads((output_dir / "main" / GPT_SUMMARY_FILE).read_text())
+    eager_run = json.loads((output_dir / "eager" / GPT_SUMMARY_FILE).read_text())
     assert main_run["speed_settings"]["loss_implementation"] == "chunked"
     assert main_run["speed_settings"]["compile"] and main_run["speed_settings"]["compile_regions"]
     assert main_run["config"]["TrainingArguments"]["logging_nan_inf_filter"] is False

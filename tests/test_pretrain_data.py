@@ -13,10 +13,12 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from common.cli import InputError
 from common.corpus import CorpusArguments, iter_documents
+from pretrain.args import DataArguments
 from pretrain.data import (
     STATS_FILE,
-    DataArguments,
+    BlockSchedule,
     choose_validation_documents,
+    collate_blocks,
     load_blocks,
     num_budget_blocks,
     pack_blocks,
@@ -285,6 +287,31 @@ def test_too_small_corpus_for_budget_is_an_error_unless_repeated(
     assert stats["splits"]["train"]["passes_over_packed_blocks"] > 2.9
 
 
+# --- batches and steps -------------------------------------------------------------------------
+
+
+def test_collated_batch_is_int64_inputs_that_are_also_the_labels(built):
+    blocks = load_blocks(built[1])["train"]
+    batch = collate_blocks([blocks[0], blocks[1]])
+    assert batch["input_ids"].dtype == torch.int64
+    assert batch["input_ids"].shape == (2, BLOCK_SIZE)
+    assert batch["labels"] is batch["input_ids"]
+
+
+def test_one_pass_shows_every_block_once_with_a_partial_last_step():
+    schedule = BlockSchedule.one_pass(10, batch_blocks=4, block_size=8, requested_max_steps=-1)
+    assert schedule.max_steps == 3 and schedule.batch_tokens == 32
+    assert [schedule.tokens_seen(step) for step in range(4)] == [0, 32, 64, 80]
+    assert BlockSchedule.one_pass(10, 4, 8, requested_max_steps=2).max_steps == 2
+
+
+def test_one_pass_refuses_too_few_blocks_or_more_steps_than_a_pass():
+    with pytest.raises(InputError, match="fewer than one global batch of 4"):
+        BlockSchedule.one_pass(3, batch_blocks=4, block_size=8, requested_max_steps=-1)
+    with pytest.raises(InputError, match="--max_steps 4 would go past one pass"):
+        BlockSchedule.one_pass(10, batch_blocks=4, block_size=8, requested_max_steps=4)
+
+
 # --- cache -----------------------------------------------------------------------------------
 
 
@@ -407,7 +434,7 @@ def test_bad_input_is_one_line_and_exit_2(
     extra = []
     expected = {
         "corpus_too_small": "too few for one training and one validation block",
-        "block_above_positions": "above the model's 1024 positions",
+        "block_above_positions": "longer than the 1024 positions of the model (--n_positions)",
         "missing_tokenizer": "does not exist",
         "broken_tokenizer": "cannot be loaded",
         "tokenizer_without_eos": "no eos token",
@@ -446,13 +473,15 @@ def test_bad_input_is_one_line_and_exit_2(
         assert list(cache_dir.iterdir()) == []
 
 
-def test_errors_before_expensive_work_raise_input_error(corpus_args, tiny_tokenizer_dir, tmp_path):
+def test_bad_settings_are_refused_when_the_arguments_are_made(tiny_tokenizer_dir, tmp_path):
     for overrides, message in (
         ({"validation_fraction": 0.0}, "--validation_fraction"),
         ({"block_size": 1}, "--block_size 1"),
+        ({"block_size": 64, "n_positions": 32}, "--block_size 64 is longer than the 32 positions"),
         ({"max_train_tokens": 0}, "--max_train_tokens 0"),
         ({"num_proc": 0}, "--num_proc 0"),
+        ({"map_batch_size": 0}, "--map_batch_size 0"),
     ):
         with pytest.raises(InputError, match=message):
-            prepare_blocks(corpus_args, data_args_for(tiny_tokenizer_dir, tmp_path, **overrides))
+            data_args_for(tiny_tokenizer_dir, tmp_path, **overrides)
     assert list(tmp_path.iterdir()) == []

@@ -1,12 +1,14 @@
-"""Model presets: shapes, vocabulary from the tokenizer, FLOPs per token, the 117M preset on CPU."""
+"""Model presets: shapes, vocabulary from the tokenizer, FLOPs per token, the loss Trainer reports,
+the 117M preset on CPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 from common.cli import InputError
+from pretrain.data import collate_blocks
 from pretrain.model import (
     PRESETS,
     build_model,
@@ -79,3 +81,33 @@ def test_gpt2_117m_builds_and_trains_one_step_on_cpu(tokenizer):
     # A random model predicts uniformly: loss near ln(50304) = 10.83.
     assert 10.0 < loss.item() < 11.5
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_trainer_reports_the_models_own_mean_loss(tokenizer, tmp_path):
+    """Trainer divides the summed loss by the tokens it counts, and counts the shifted targets
+    (block_size - 1 per block) only for a model that names the causal-LM loss; GPT-2's class
+    name names none, so `build_model` names it (otherwise the loss reads 15/16 of its value)."""
+    model = build_model(build_model_config("tiny", tokenizer, block_size=16))
+    blocks = torch.randint(0, len(tokenizer), (4, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=blocks, labels=blocks).loss.item()
+    training_args = TrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        max_steps=1,
+        per_device_train_batch_size=4,
+        learning_rate=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=[{"input_ids": block} for block in blocks],
+        data_collator=collate_blocks,
+    )
+    trainer.train()
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert logged == [pytest.approx(expected, abs=1e-3)]

@@ -20,6 +20,7 @@ from pretrain_runs import (
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.cli import InputError
+from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, TENSORBOARD_DIR, TRAIN_LOSS
 from pretrain.checkpoints import checkpoint_global_step, list_checkpoints, resolve_resume_checkpoint
 from pretrain.run import main
 
@@ -107,8 +108,8 @@ def test_sigusr1_saves_a_checkpoint_and_auto_resume_finishes(data_paths, tmp_pat
     assert exit_code == 128 + signal.SIGUSR1
     stopped_at = max(checkpoint_global_step(p) or 0 for p in list_checkpoints(output_dir))
     assert SAVE_STEPS <= stopped_at < NUM_STEPS
-    assert not (output_dir / "run_summary.json").exists()
-    assert not (output_dir / "final").exists()
+    assert not (output_dir / GPT_SUMMARY_FILE).exists()
+    assert not (output_dir / FINAL_MODEL_DIR).exists()
 
     assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
     summary = read_summary(output_dir)
@@ -140,7 +141,7 @@ def test_resume_after_sigkill_continues_from_the_last_complete_checkpoint(data_p
         if process.poll() is None:
             process.kill()
     assert process.returncode == -signal.SIGKILL, stderr[-2000:]
-    assert not (output_dir / "run_summary.json").exists()
+    assert not (output_dir / GPT_SUMMARY_FILE).exists()
 
     # As if the kill had come while checkpoint-8 was being written: trainer_state.json, the
     # last file of a checkpoint, is cut short (in this and any later checkpoint).
@@ -157,8 +158,8 @@ def test_resume_after_sigkill_continues_from_the_last_complete_checkpoint(data_p
     # One continuous loss curve: the killed run logged steps 6 and 8 after checkpoint-4; they
     # are replaced by the resumed run's, not drawn twice.
     final_state_losses = logged_losses(output_dir / f"checkpoint-{NUM_STEPS}")
-    accumulator = EventAccumulator(str(output_dir / "tensorboard"))
+    accumulator = EventAccumulator(str(output_dir / TENSORBOARD_DIR))
     accumulator.Reload()
-    curve = [(event.step, event.value) for event in accumulator.Scalars("train/loss")]
+    curve = [(event.step, event.value) for event in accumulator.Scalars(TRAIN_LOSS)]
     assert [step for step, _ in curve] == [step for step, _ in final_state_losses]
     assert [value for _, value in curve] == pytest.approx([loss for _, loss in final_state_losses])

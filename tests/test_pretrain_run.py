@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 
 import pytest
 from pretrain_runs import (
@@ -12,18 +13,42 @@ from pretrain_runs import (
     TINY_CONFIG,
     logged_losses,
     read_summary,
+    run_script_command,
     shared_data_paths,
+    subprocess_env,
     tiny_run_argv,
 )
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
 from common.cli import InputError
+from common.run_contract import (
+    EVAL_LOSS,
+    FINAL_MODEL_DIR,
+    GPT_REQUIRED_KEYS,
+    GPT_SUMMARY_FILE,
+    GPT_SUMMARY_VERSION,
+    GRAD_NORM,
+    LEARNING_RATE,
+    MFU,
+    NVIDIA_SMI_FILE,
+    TENSORBOARD_DIR,
+    TOKENS_PER_SECOND,
+    TRAIN_LOSS,
+)
 from pretrain import generate
 from pretrain.run import main, parse_pretrain_args
 
 NUM_BLOCKS = 96  # 24 steps of 4 blocks
 GPT2_CONFIG = TINY_CONFIG.with_name("gpt2_117m.yaml")
+# Lines libraries print on every run that say nothing about it; each is removed at its cause.
+LIBRARY_NOISE = (
+    "loss_type=",  # transformers, when the model's class names none of its losses
+    "Setting accelerator to CPU",  # DeepSpeed, imported by accelerate when installed
+    "Writing model shards",  # transformers' save bar, despite --disable_tqdm
+    "Saving the dataset",  # datasets' bars, despite --disable_tqdm
+    "Tokenizing documents",
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +57,27 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(data_paths, tmp_path_factory):
-    """One finished tiny run (24 steps); MFU against a made-up 1 TFLOP/s peak."""
+def tiny_run_process(data_paths, tmp_path_factory):
+    """One finished tiny run (24 steps) started as a user starts it, with its output;
+    MFU against a made-up 1 TFLOP/s peak."""
     output_dir = tmp_path_factory.mktemp("tiny") / "run"
     argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS, peak_tflops=1)
-    assert main(argv) == 0
-    return output_dir
+    finished = subprocess.run(
+        run_script_command(argv), env=subprocess_env(), capture_output=True, text=True, check=False
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return output_dir, finished
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_run_process):
+    return tiny_run_process[0]
 
 
 def test_tiny_run_learns_and_writes_its_summary(tiny_run):
     summary = read_summary(tiny_run)
+    assert set(GPT_REQUIRED_KEYS) <= set(summary)
+    assert summary["summary_version"] == GPT_SUMMARY_VERSION
     assert summary["max_steps"] == summary["global_step"] == NUM_BLOCKS // 4
     assert summary["tokens_trained"] == NUM_BLOCKS * BLOCK_SIZE
     assert summary["global_batch_tokens"] == 4 * BLOCK_SIZE
@@ -74,30 +110,31 @@ def test_tiny_run_learns_and_writes_its_summary(tiny_run):
 
 
 def test_tensorboard_events_land_in_the_run_folder(tiny_run):
-    accumulator = EventAccumulator(str(tiny_run / "tensorboard"))
+    accumulator = EventAccumulator(str(tiny_run / TENSORBOARD_DIR))
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
-    assert {
-        "train/loss",
-        "train/learning_rate",
-        "train/grad_norm",
-        "perf/tokens_per_second",
-        "perf/mfu",
-        "eval/loss",
-    } <= tags
+    assert {TRAIN_LOSS, LEARNING_RATE, GRAD_NORM, TOKENS_PER_SECOND, MFU, EVAL_LOSS} <= tags
     assert not any(tag.startswith("gpu/") for tag in tags)  # no GPU here
-    loss_steps = [event.step for event in accumulator.Scalars("train/loss")]
+    loss_steps = [event.step for event in accumulator.Scalars(TRAIN_LOSS)]
     assert loss_steps == [1, *range(2, NUM_BLOCKS // 4 + 1, 2)]
-    assert not (tiny_run / "nvidia-smi.txt").exists()
-    # The variable that points transformers at the folder is set only while Trainer is created.
-    assert os.environ.get("TENSORBOARD_LOGGING_DIR") != str(tiny_run / "tensorboard")
+    assert not (tiny_run / NVIDIA_SMI_FILE).exists()
+
+
+def test_a_tiny_run_logs_our_lines_and_no_library_noise(tiny_run_process):
+    _, finished = tiny_run_process
+    log = finished.stdout + finished.stderr
+    assert [line for line in log.splitlines() if any(text in line for text in LIBRARY_NOISE)] == []
+    assert "\r" not in log  # no progress bar of any library with --disable_tqdm
+    assert "Warning" not in log and "WARNING" not in log, log
+    assert "INFO pretrain.model: GPT-2 2 layers x 64 wide" in finished.stderr
+    assert f"run folder {tiny_run_process[0]}" in finished.stdout
 
 
 def test_final_model_loads_and_samples_text(tiny_run, capsys):
-    model = AutoModelForCausalLM.from_pretrained(tiny_run / "final")
+    model = AutoModelForCausalLM.from_pretrained(tiny_run / FINAL_MODEL_DIR)
     assert model.config.vocab_size == 512 and model.config.n_layer == 2
-    assert (tiny_run / "final" / "model.safetensors").is_file()
-    assert (tiny_run / "final" / "tokenizer.json").is_file()
+    assert (tiny_run / FINAL_MODEL_DIR / "model.safetensors").is_file()
+    assert (tiny_run / FINAL_MODEL_DIR / "tokenizer.json").is_file()
 
     assert generate.main([str(tiny_run), "--prompt", "The method", "--max_new_tokens", "8"]) == 0
     text = capsys.readouterr().out.strip()
@@ -108,6 +145,8 @@ def test_chunked_loss_trains_like_the_hf_loss(data_paths, tiny_run, tmp_path):
     output_dir = tmp_path / "chunked"
     argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS)
     assert main([*argv, "--peak_tflops", "1", "--loss_implementation", "chunked"]) == 0
+    # The variable that points transformers at the folder is set only while Trainer is created.
+    assert os.environ.get("TENSORBOARD_LOGGING_DIR") != str(output_dir / TENSORBOARD_DIR)
     assert read_summary(output_dir)["speed_settings"]["loss_implementation"] == "chunked"
     last = f"checkpoint-{NUM_BLOCKS // 4}"
     chunked, reference = logged_losses(output_dir / last), logged_losses(tiny_run / last)
@@ -162,7 +201,7 @@ def test_unknown_config_key_is_rejected(tmp_path):
     ("flags", "message"),
     [
         ({"model_preset": "gpt5"}, "unknown model preset 'gpt5'"),
-        ({"block_size": 512}, "block_size 512 is longer than the 256 positions"),
+        ({"block_size": 512}, "--block_size 512 is longer than the 256 positions of preset"),
         ({"vocab_size": 256}, "vocab_size 256 is smaller than the tokenizer's 512 tokens"),
         ({"max_train_tokens": 100}, "less than one global batch of 256 tokens"),
         ({"corpus": "/no/such/corpus.txt"}, "/no/such/corpus.txt"),
@@ -185,7 +224,7 @@ def test_missing_tokenizer_is_one_line_and_exit_2(data_paths, tmp_path, capsys):
 
 
 def test_a_finished_run_folder_is_not_overwritten(data_paths, tiny_run, capsys):
-    summary_before = (tiny_run / "run_summary.json").read_bytes()
+    summary_before = (tiny_run / GPT_SUMMARY_FILE).read_bytes()
     assert main(tiny_run_argv(**data_paths, output_dir=tiny_run)) == 2
     assert "already holds a run" in capsys.readouterr().err
-    assert (tiny_run / "run_summary.json").read_bytes() == summary_before
+    assert (tiny_run / GPT_SUMMARY_FILE).read_bytes() == summary_before

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.gpu import GpuSampler, peak_flops_per_second, write_nvidia_smi_snapshot
+from common.run_contract import GPU_MEMORY_USED, GPU_POWER, GPU_UTILIZATION, NVIDIA_SMI_FILE
+from pretrain.gpu import (
+    GpuSampler,
+    accelerator_name,
+    peak_flops_per_second,
+    peak_memory_gib,
+    write_nvidia_smi_snapshot,
+)
 
 
 @pytest.mark.parametrize(
@@ -32,14 +39,20 @@ def test_peak_flops_are_looked_up_by_device_name(device_name, tflops):
 def test_without_a_gpu_sampling_and_snapshot_do_nothing(tmp_path):
     sampler = GpuSampler()
     assert not sampler.enabled and sampler.read() == {}
-    assert write_nvidia_smi_snapshot(tmp_path / "nvidia-smi.txt") is False
-    assert not (tmp_path / "nvidia-smi.txt").exists()
+    assert accelerator_name(torch.device("cpu")) == "cpu"
+    assert peak_memory_gib(torch.device("cpu")) is None
+    assert write_nvidia_smi_snapshot(tmp_path / NVIDIA_SMI_FILE) is False
+    assert not (tmp_path / NVIDIA_SMI_FILE).exists()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_with_a_gpu_sampling_reads_the_three_tags(tmp_path):
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert accelerator_name(device) == torch.cuda.get_device_name(device)
+    torch.ones(2**28, dtype=torch.uint8, device=device)  # 0.25 GiB held at once
+    assert peak_memory_gib(device) >= 0.25
     readings = GpuSampler().read()
-    assert set(readings) == {"gpu/utilization_percent", "gpu/memory_used_gib", "gpu/power_watts"}
-    assert 0 <= readings["gpu/utilization_percent"] <= 100
-    assert write_nvidia_smi_snapshot(tmp_path / "nvidia-smi.txt")
-    assert "NVIDIA-SMI" in (tmp_path / "nvidia-smi.txt").read_text()
+    assert set(readings) == {GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER}
+    assert 0 <= readings[GPU_UTILIZATION] <= 100
+    assert write_nvidia_smi_snapshot(tmp_path / NVIDIA_SMI_FILE)
+    assert "NVIDIA-SMI" in (tmp_path / NVIDIA_SMI_FILE).read_text()

@@ -1,4 +1,5 @@
-"""What the GPU is doing: NVML readings, an `nvidia-smi` snapshot, and its peak FLOP/s.
+"""What the GPU is doing: NVML readings, an `nvidia-smi` snapshot, its name, peak FLOP/s and the
+most memory the run's tensors held.
 
 Every function here is a no-op (or returns None) on a machine without an NVIDIA GPU, so
 training code calls them unconditionally.
@@ -13,6 +14,8 @@ import subprocess
 from pathlib import Path
 
 import torch
+
+from common.run_contract import GPU_MEMORY_USED, GPU_POWER, GPU_UTILIZATION
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,16 @@ PEAK_TFLOPS_16BIT: tuple[tuple[tuple[str, ...], float], ...] = (
     (("V100",), 125.0),
     (("T4",), 65.0),
 )
+
+
+def accelerator_name(device: torch.device) -> str:
+    """The accelerator's marketing name ("NVIDIA H200"), or the device type ("cpu")."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    """The most GPU memory this process's tensors held at once (GiB); None on CPU."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
 def peak_flops_per_second(device_name: str) -> float | None:
@@ -96,9 +109,9 @@ class GpuSampler:
             self._handle = None
             return {}
         return {
-            "gpu/utilization_percent": float(utilization.gpu),
-            "gpu/memory_used_gib": memory.used / 2**30,
-            "gpu/power_watts": power_milliwatts / 1000.0,
+            GPU_UTILIZATION: float(utilization.gpu),
+            GPU_MEMORY_USED: memory.used / 2**30,
+            GPU_POWER: power_milliwatts / 1000.0,
         }
 
 
@@ -114,10 +127,6 @@ def _nvml_handle(pynvml, properties):
             f"{properties.pci_device_id:02x}.0"
         )
         return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
-
-
-# The snapshot's name in a run folder, where the run report looks for it.
-NVIDIA_SMI_FILE = "nvidia-smi.txt"
 
 
 def write_nvidia_smi_snapshot(path: str | Path) -> bool:
