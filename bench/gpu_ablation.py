@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = parse_args(
         [AblationArguments],
         argv,
-        description="The 12M-token GPT-2 run and its speed ablation, as one table.",
+        description=__doc__,
         prog="bench/gpu_ablation.py",
     )
     summaries = {name: run_variant(args, name) for name in args.variants}

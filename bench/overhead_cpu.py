@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = parse_args(
         [OverheadArguments],
         argv,
-        description="Trainer pipeline vs a bare PyTorch loop on CPU: tokens/s and their ratio.",
+        description=__doc__,
         prog="bench/overhead_cpu.py",
     )
     if args.num_threads is not None:

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = parse_args(
         [GenerateArguments],
         argv,
-        description="Sample text from a pretrained GPT-2 run.",
+        description=__doc__,
         prog="python -m pretrain.generate",
     )
     for index, text in enumerate(generate_texts(args)):

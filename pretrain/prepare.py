@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus_args, data_args = parse_args(
         [CorpusArguments, DataArguments],
         argv,
-        description="Tokenize a corpus and pack it into fixed-length blocks (cached Arrow).",
+        description=__doc__,
         prog="python -m pretrain.prepare",
     )
     print(prepare_blocks(corpus_args, data_args))
