@@ -1,0 +1,200 @@
+"""Pipeline parallelism for transformers' GPT-2 with `torch.distributed.pipelining`.
+
+The layers are cut into consecutive stages, one per process: the first stage also holds the
+embeddings, the last one the final layer norm and the output layer. A batch is split into
+microbatches that flow through the stages, activations forward and their gradients back, in
+the order of the schedule: GPipe runs every microbatch's forward, then every backward (all
+microbatches' activations held at once); 1F1B starts the backwards as soon as the last stage
+can, and then alternates one forward and one backward (at most `num_stages` microbatches'
+activations held per stage). Both give the same gradients: the mean over microbatches of
+equal size equals the loss of the whole batch.
+
+GPT-2 ties the output layer to the token embedding, and the two sit on the first and the last
+stage. The last stage holds a copy; after each backward the two stages sum the gradients of
+the pair (the lookup's and the logits' parts of the one gradient of the tied weight), so both
+copies take the same optimizer step and stay equal.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from transformers import GPT2LMHeadModel
+from transformers.masking_utils import create_causal_mask
+
+from common.cli import InputError
+
+PIPELINE_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def stage_layers(num_layers: int, num_stages: int, stage_index: int) -> range:
+    """The transformer blocks of one stage: consecutive, the first stages one longer when the
+    layers do not divide evenly."""
+    base, extra = divmod(num_layers, num_stages)
+    start = stage_index * base + min(stage_index, extra)
+    return range(start, start + base + (stage_index < extra))
+
+
+class GPT2PipelineStage(nn.Module):
+    """Blocks `layers` of a GPT-2, with the embeddings on the first stage and the final norm
+    and the output layer (a copy of the tied embedding) on the last.
+
+    forward: token ids (B, T) on the first stage, hidden states (B, T, H) on the others; the
+    last stage returns logits (B, T, V), the others hidden states.
+    """
+
+    def __init__(self, model: GPT2LMHeadModel, stage_index: int, num_stages: int) -> None:
+        super().__init__()
+        body = model.transformer
+        self.config = model.config
+        self.is_first = stage_index == 0
+        self.is_last = stage_index == num_stages - 1
+        self.wte = body.wte if self.is_first else None
+        self.wpe = body.wpe if self.is_first else None
+        self.drop = body.drop if self.is_first else None
+        self.h = nn.ModuleList(
+            body.h[i] for i in stage_layers(len(body.h), num_stages, stage_index)
+        )
+        self.ln_f = body.ln_f if self.is_last else None
+        self.lm_head = None
+        if self.is_last:
+            self.lm_head = nn.Linear(body.embed_dim, model.config.vocab_size, bias=False)
+            self.lm_head.weight = nn.Parameter(body.wte.weight.detach().clone())
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        sequence_length = inputs.shape[1]
+        position_ids = torch.arange(sequence_length, device=inputs.device)[None]  # (1, T)
+        hidden = inputs  # (B, T, H) from the previous stage
+        if self.is_first:
+            hidden = self.drop(self.wte(inputs) + self.wpe(position_ids))  # from ids (B, T)
+        # As GPT2Model builds it: None for SDPA (its causal kernel), a mask tensor for eager.
+        mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden,
+            attention_mask=None,
+            cache=None,
+            position_ids=position_ids,
+        )
+        for block in self.h:
+            hidden = block(hidden, None, mask, position_ids=position_ids)
+        if self.is_last:
+            return self.lm_head(self.ln_f(hidden))  # (B, T, V)
+        return hidden
+
+    def tied_weight(self) -> nn.Parameter | None:
+        """This stage's member of the tied embedding/output pair, if it holds one."""
+        if self.is_first:
+            return self.wte.weight
+        if self.is_last:
+            return self.lm_head.weight
+        return None
+
+
+@dataclass
+class GPT2Pipeline:
+    """This process's stage, the schedule that drives it, and the group of the tied pair."""
+
+    stage: GPT2PipelineStage
+    schedule: ScheduleGPipe | Schedule1F1B
+    tied_group: dist.ProcessGroup
+    tied_ranks: tuple[int, int]
+
+    def forward_backward(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """One batch through the pipeline, gradients accumulated (averaged over microbatches)
+        and the tied pair's gradients summed; the batch's mean loss on the last stage."""
+        losses: list[torch.Tensor] = []
+        if self.stage.is_first:
+            self.schedule.step(input_ids, return_outputs=False)
+        elif self.stage.is_last:
+            self.schedule.step(target=input_ids, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(return_outputs=False)
+        tied = self.stage.tied_weight()
+        if tied is not None:
+            dist.all_reduce(tied.grad, group=self.tied_group)
+        return torch.stack(losses).mean().detach() if losses else None
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip every stage's gradients by the norm of the whole model's gradient; return it.
+
+        Each stage adds up the squares of its own gradients, counting the tied pair once (on
+        the first stage); the sum over stages is the model's.
+        """
+        own = [
+            p
+            for p in self.stage.parameters()
+            if not (self.stage.is_last and p is self.stage.tied_weight())
+        ]
+        local_norm = torch.nn.utils.get_total_norm([p.grad for p in own if p.grad is not None])
+        squares = local_norm.square()
+        dist.all_reduce(squares)
+        total_norm = squares.sqrt()
+        torch.nn.utils.clip_grads_with_norm_(self.stage.parameters(), max_norm, total_norm)
+        return total_norm
+
+    def tied_weight_difference(self) -> float | None:
+        """Largest absolute difference between the two copies of the tied weight, on the last
+        stage (which receives the first stage's copy); None on the other stages."""
+        tied = self.stage.tied_weight()
+        if tied is None:
+            return None
+        first_copy = tied.detach().clone()
+        dist.broadcast(first_copy, src=self.tied_ranks[0], group=self.tied_group)
+        if not self.stage.is_last:
+            return None
+        return (first_copy - tied.detach()).abs().max().item()
+
+
+def check_pipeline_arguments(
+    num_layers: int, num_stages: int, schedule_name: str, num_microbatches: int, batch_size: int
+) -> None:
+    """Refuse a pipeline that cannot run, or would not train like one process."""
+    if num_stages < 2:
+        raise InputError(
+            "pipeline parallelism needs at least 2 stages, one per process; launch with "
+            "torchrun --nproc_per_node 2 (or more)"
+        )
+    if num_stages > num_layers:
+        raise InputError(
+            f"{num_stages} pipeline stages for a model of {num_layers} layers leave a stage "
+            f"without a layer; use at most {num_layers} processes or a deeper --model_preset"
+        )
+    if schedule_name == "1f1b" and num_microbatches < num_stages:
+        raise InputError(
+            f"the 1F1B schedule needs at least as many microbatches as stages ({num_stages}); "
+            f"pass --num_microbatches {num_stages} or more"
+        )
+    if num_microbatches < 1 or batch_size % num_microbatches:
+        raise InputError(
+            f"--num_microbatches {num_microbatches} must divide the batch of {batch_size} "
+            "blocks (--per_device_train_batch_size) into equal microbatches"
+        )
+
+
+def build_gpt2_pipeline(
+    model: GPT2LMHeadModel,
+    device: torch.device,
+    schedule_name: str,
+    num_microbatches: int,
+) -> GPT2Pipeline:
+    """This process's stage of `model` (stage = rank, one per process) and its schedule.
+
+    Every process passes the same freshly built model (same seed) and keeps its own layers.
+    The loss is the model's own (transformers' causal-LM cross-entropy, mean over tokens).
+    """
+    stage_index, num_stages = dist.get_rank(), dist.get_world_size()
+    stage_module = GPT2PipelineStage(model, stage_index, num_stages).to(device)
+    stage = PipelineStage(stage_module, stage_index, num_stages, device)
+    loss_function = functools.partial(model.loss_function, vocab_size=model.config.vocab_size)
+    schedule = PIPELINE_SCHEDULES[schedule_name](
+        stage, n_microbatches=num_microbatches, loss_fn=loss_function
+    )
+    tied_ranks = (0, num_stages - 1)
+    # Every process must take part in creating a group, also those outside it.
+    tied_group = dist.new_group(list(tied_ranks))
+    return GPT2Pipeline(stage_module, schedule, tied_group, tied_ranks)

@@ -1,0 +1,63 @@
+"""Helpers for the tensor- and pipeline-parallel tests: tiny runs of pretrain.model_parallel,
+the one-process reference in-process, the parallel ones under torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from pretrain_runs import BLOCK_SIZE, REPO_ROOT, TINY_CONFIG, subprocess_env
+
+from common.run_contract import MODEL_PARALLEL_SUMMARY_FILE
+from pretrain.model_parallel import main
+
+BATCH_BLOCKS = 4
+NUM_STEPS = 8
+# The token budget of tests/test_pretrain_ddp.py, so that both read one cache of packed blocks.
+NUM_BLOCKS = 64
+NUM_PROCESSES = 2
+
+
+def model_parallel_argv(data_paths: dict, output_dir: Path, **options: object) -> list[str]:
+    """A tiny run on the test corpus: the first NUM_STEPS steps of BATCH_BLOCKS blocks of 64
+    tokens (the learning-rate schedule spans those steps)."""
+    argv = [
+        "--config", str(TINY_CONFIG),
+        "--corpus", str(data_paths["corpus_dir"]),
+        "--tokenizer_dir", str(data_paths["tokenizer_dir"]),
+        "--cache_dir", str(data_paths["cache_dir"]),
+        "--block_size", str(BLOCK_SIZE),
+        "--max_train_tokens", str(NUM_BLOCKS * BLOCK_SIZE),
+        "--max_steps", str(NUM_STEPS),
+        "--per_device_train_batch_size", str(BATCH_BLOCKS),
+        "--output_dir", str(output_dir),
+    ]  # fmt: skip
+    for name, value in options.items():
+        argv += [f"--{name}", str(value)]
+    return argv
+
+
+def read_model_parallel_summary(output_dir: Path) -> dict:
+    return json.loads((output_dir / MODEL_PARALLEL_SUMMARY_FILE).read_text())
+
+
+def single_reference(data_paths: dict, tmp_path_factory) -> dict:
+    """The `single` run's summary, trained once per test session and shared by every module."""
+    output_dir = tmp_path_factory.getbasetemp() / "model_parallel_single"
+    if not (output_dir / MODEL_PARALLEL_SUMMARY_FILE).is_file():
+        assert main(model_parallel_argv(data_paths, output_dir, strategy="single")) == 0
+    return read_model_parallel_summary(output_dir)
+
+
+def launch_model_parallel(argv: list[str]) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node 2 -m pretrain.model_parallel ARGV` on CPU."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", "--nproc_per_node", str(NUM_PROCESSES),
+        "-m", "pretrain.model_parallel", *argv,
+    ]  # fmt: skip
+    return subprocess.run(
+        command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
