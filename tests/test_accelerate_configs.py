@@ -19,8 +19,13 @@ EXPECTED = {
     "cpu.yaml": (DistributedType.NO, 1, True),
     "single_gpu.yaml": (DistributedType.NO, 1, False),
     "multi_gpu_ddp.yaml": (DistributedType.MULTI_GPU, 1, False),
+    "cpu_ddp.yaml": (DistributedType.MULTI_GPU, 1, True),
     "fsdp.yaml": (DistributedType.FSDP, 1, False),
+    "cpu_fsdp.yaml": (DistributedType.FSDP, 1, True),
     "deepspeed_zero2.yaml": (DistributedType.DEEPSPEED, 1, False),
+    "cpu_deepspeed_zero2.yaml": (DistributedType.DEEPSPEED, 1, True),
+    "deepspeed_zero3.yaml": (DistributedType.DEEPSPEED, 1, False),
+    "cpu_deepspeed_zero3.yaml": (DistributedType.DEEPSPEED, 1, True),
     "multi_node.yaml": (DistributedType.MULTI_GPU, 2, False),
 }
 MAX_KEYS = 8  # minimal: the launcher fills in everything else
@@ -47,8 +52,12 @@ def test_config_loads_and_is_coherent(path):
         wrapped = config.fsdp_config["fsdp_transformer_layer_cls_to_wrap"]
         assert hasattr(modeling_gpt2, wrapped), f"{wrapped} is not a GPT-2 module"
         assert config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+        assert config.fsdp_config["fsdp_version"] == 2
     if distributed_type == DistributedType.DEEPSPEED:
-        assert config.deepspeed_config["zero_stage"] == 2
+        zero_stage = config.deepspeed_config["zero_stage"]
+        assert path.stem.endswith(f"zero{zero_stage}")
+        # ZeRO-3 keeps only shards unless told to gather them: final/ would not load.
+        assert config.deepspeed_config.get("zero3_save_16bit_model", False) is (zero_stage == 3)
         # Trainer fills these from its own arguments; set here they could disagree.
         assert not {"gradient_accumulation_steps", "gradient_clipping"} & set(
             config.deepspeed_config
