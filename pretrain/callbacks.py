@@ -1,4 +1,5 @@
-"""Trainer callbacks and TensorBoard plumbing: speed and GPU readings, a checkpoint on signals.
+"""Trainer callbacks and TensorBoard plumbing: speed and GPU readings, what each process holds,
+a checkpoint on signals.
 
 Both callbacks hook only into moments where Trainer already synchronises with the device (its
 logging steps), so they add no stall to the steps in between.
@@ -20,6 +21,7 @@ from transformers.integrations import TensorBoardCallback
 
 from common.run_contract import MFU, TOKENS_PER_SECOND
 from pretrain.data import BlockSchedule
+from pretrain.footprint import gather_footprints, rank_footprint
 from pretrain.gpu import GpuSampler, peak_memory_gib, write_nvidia_smi_snapshot
 from pretrain.summary import LoopRecord
 
@@ -124,6 +126,20 @@ class ThroughputCallback(TrainerCallback):
             tokens_per_second=tokens_per_second,
             mfu=None if tokens_per_second is None else self.mfu(tokens_per_second),
         )
+
+
+class FootprintCallback(TrainerCallback):
+    """Every process's parameter and optimizer-state bytes and peak memory when training ends.
+
+    Measured there, before the final save and the evaluation gather sharded weights: after
+    them an FSDP2 process was seen holding two thirds of the model's weights instead of half.
+    """
+
+    def __init__(self) -> None:
+        self.ranks: list[dict] | None = None
+
+    def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        self.ranks = gather_footprints(rank_footprint(model, optimizer, args.device))
 
 
 class CheckpointOnSignalCallback(TrainerCallback):

@@ -1,12 +1,29 @@
-"""What the launcher asked for, checked against what the training processes actually got."""
+"""What the launcher asked for, checked against what the training processes actually got.
+
+The accelerate config (passed on by `accelerate launch` as environment variables) or Trainer's
+own `--fsdp` / `--deepspeed` options ask for a strategy: DeepSpeed ZeRO, FSDP, data parallel
+over several processes, or one process. accelerate may set up another one without a word
+(accelerate 1.15 drops FSDP and DeepSpeed on CPU processes, see `pretrain/library_fixes.py`),
+and some strategies need hardware the processes do not have (FSDP1 needs GPUs). Such a run
+stops with one line: `check_request_fits_device` before accelerate is set up, `check_strategy`
+right after, before the first step.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from transformers import TrainingArguments
 
 from common.cli import InputError
+
+# What a run can ask for, in accelerate's words; data parallel is any of its MULTI_* types.
+DATA_PARALLEL = "MULTI_* (data parallel)"
+SINGLE_PROCESS = DistributedType.NO.name
 
 
 def check_processes_joined(training_args: TrainingArguments) -> None:
@@ -17,4 +34,135 @@ def check_processes_joined(training_args: TrainingArguments) -> None:
             f"the launcher started {launched_processes} processes but they did not join one "
             f"training ({training_args.world_size} seen): on CPU pass --use_cpu true (or set "
             "ACCELERATE_USE_CPU=1), else check that every process sees its GPU"
+        )
+
+
+@dataclass(frozen=True)
+class Request:
+    """The strategy a run asks for, in accelerate's words, and the FSDP settings that need GPUs."""
+
+    distributed_type: str  # DEEPSPEED, FSDP, DATA_PARALLEL or SINGLE_PROCESS
+    fsdp_version: int | None = None
+    fsdp_offload_params: bool = False
+
+
+def requested_strategy(training_args: TrainingArguments) -> Request:
+    """What the launch (its environment) and Trainer's own options ask for.
+
+    Read it before Trainer exists: its Accelerator rewrites the launcher's variables.
+    """
+    if _flag("ACCELERATE_USE_DEEPSPEED") or training_args.deepspeed:
+        return Request(DistributedType.DEEPSPEED.name)
+    fsdp_options = training_args.fsdp_plugin_args
+    if fsdp_options is not None:
+        return Request(
+            DistributedType.FSDP.name,
+            fsdp_version=int(fsdp_options.get("fsdp_version", 1)),
+            fsdp_offload_params=bool(fsdp_options.get("cpu_offload", False)),
+        )
+    if _flag("ACCELERATE_USE_FSDP"):
+        # accelerate's own defaults when the config leaves them out
+        return Request(
+            DistributedType.FSDP.name,
+            fsdp_version=int(os.environ.get("FSDP_VERSION", "1")),
+            fsdp_offload_params=_flag("FSDP_OFFLOAD_PARAMS"),
+        )
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return Request(DATA_PARALLEL if world_size > 1 else SINGLE_PROCESS)
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() == "true"
+
+
+def check_request_fits_device(request: Request, device: torch.device) -> None:
+    """Refuse, before accelerate tries, a strategy these processes' device cannot run."""
+    if device.type != "cpu":
+        return
+    if request.distributed_type == DistributedType.FSDP.name:
+        if request.fsdp_version == 1:
+            raise InputError(
+                "FSDP1 (fsdp_version: 1, accelerate's default) needs GPUs and these processes "
+                "run on the CPU; set fsdp_version: 2 (as accelerate_configs/cpu_fsdp.yaml does)"
+            )
+        if request.fsdp_offload_params:
+            raise InputError(
+                "fsdp_offload_params moves parameters from GPU to CPU memory and these processes "
+                "have no GPU; set fsdp_offload_params: false in the accelerate config"
+            )
+    if request.distributed_type == DistributedType.DEEPSPEED.name:
+        from deepspeed.accelerator import get_accelerator
+
+        deepspeed_device = get_accelerator().device_name()
+        if deepspeed_device != "cpu":
+            raise InputError(
+                f"these processes run on the CPU but DeepSpeed chose '{deepspeed_device}'; set "
+                "DS_ACCELERATOR=cpu, or train on the GPUs without use_cpu"
+            )
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The parallelism in force: a short name, accelerate's distributed type, the processes."""
+
+    name: str  # "single", "ddp", "fsdp1", "fsdp2", "zero1", "zero2" or "zero3"
+    distributed_type: str
+    num_processes: int
+
+    @classmethod
+    def of(cls, accelerator: Accelerator) -> Strategy:
+        state = accelerator.state
+        distributed_type = state.distributed_type
+        if distributed_type == DistributedType.DEEPSPEED:
+            name = f"zero{state.deepspeed_plugin.zero_stage}"
+        elif distributed_type == DistributedType.FSDP:
+            name = f"fsdp{state.fsdp_plugin.fsdp_version}"
+        elif distributed_type == DistributedType.NO or state.num_processes == 1:
+            name = "single"
+        else:
+            name = "ddp"
+        return cls(name, distributed_type.name, state.num_processes)
+
+
+def check_strategy(request: Request, accelerator: Accelerator) -> Strategy:
+    """The strategy accelerate set up; `InputError` unless it is the requested one."""
+    strategy = Strategy.of(accelerator)
+    check_granted(request, strategy, accelerator.device.type)
+    if strategy.distributed_type == DistributedType.DEEPSPEED.name:
+        check_zero3_saves_a_model(accelerator.state.deepspeed_plugin.deepspeed_config)
+    return strategy
+
+
+def check_granted(request: Request, strategy: Strategy, device_type: str) -> None:
+    """Refuse a strategy in force that is not the requested one, naming both."""
+    requested = request.distributed_type
+    if requested == DATA_PARALLEL:
+        granted = strategy.name == "ddp"
+    elif requested == SINGLE_PROCESS:
+        granted = strategy.name == "single"
+    else:
+        granted = strategy.distributed_type == requested
+    if granted:
+        return
+    if strategy.num_processes == 1:
+        fix = "launch 2 or more processes with `accelerate launch --num_processes N`"
+    else:
+        fix = (
+            f"this accelerate does not set it up on {device_type} processes; install the "
+            "versions in requirements.txt (pretrain/library_fixes.py adjusts them)"
+        )
+    raise InputError(
+        f"the run asks for {requested} but accelerate set up {strategy.distributed_type} "
+        f"on {strategy.num_processes} process(es): {fix}"
+    )
+
+
+def check_zero3_saves_a_model(deepspeed_config: dict) -> None:
+    """Refuse ZeRO-3 that would save final/ as shards instead of a model file."""
+    zero = deepspeed_config.get("zero_optimization", {})
+    if zero.get("stage") == 3 and not zero.get("stage3_gather_16bit_weights_on_model_save"):
+        raise InputError(
+            "DeepSpeed ZeRO-3 would save final/ as DeepSpeed shards, which AutoModelForCausalLM "
+            "cannot load; set zero3_save_16bit_model: true under deepspeed_config in the "
+            "accelerate config (as accelerate_configs/cpu_deepspeed_zero3.yaml does)"
         )

@@ -33,6 +33,7 @@ from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, NVIDIA_SMI_FI
 from pretrain.args import DataArguments, ModelArguments, PretrainArguments, ReportArguments
 from pretrain.callbacks import (
     CheckpointOnSignalCallback,
+    FootprintCallback,
     ThroughputCallback,
     continue_tensorboard_log,
     find_tensorboard_callback,
@@ -48,12 +49,21 @@ from pretrain.data import (
     read_stats,
 )
 from pretrain.gpu import accelerator_name, peak_flops_per_second
-from pretrain.launch import check_processes_joined
+from pretrain.launch import (
+    Request,
+    Strategy,
+    check_processes_joined,
+    check_request_fits_device,
+    check_strategy,
+    requested_strategy,
+)
+from pretrain.library_fixes import apply_library_fixes
 from pretrain.loss import use_chunked_loss
 from pretrain.model import build_model, build_model_config, count_parameters, flops_per_token
 from pretrain.precision import PrecisionChoice, resolve_precision
 from pretrain.summary import (
     OutcomeRecord,
+    ParallelismRecord,
     PlanRecord,
     RunSummary,
     SetupRecord,
@@ -74,6 +84,7 @@ class RunPlan:
     blocks: datasets.DatasetDict
     schedule: BlockSchedule
     resume_checkpoint: Path | None
+    request: Request
     record: PlanRecord
 
 
@@ -82,7 +93,9 @@ class TrainerSetup:
     """A Trainer ready to train, the callbacks the run reads back, and what was built."""
 
     trainer: Trainer
+    strategy: Strategy
     throughput: ThroughputCallback
+    footprint: FootprintCallback
     stop_on_signal: CheckpointOnSignalCallback
     record: SetupRecord
 
@@ -106,6 +119,8 @@ def plan_run(args: PretrainArguments) -> RunPlan:
     """Check everything that can be checked cheaply, then prepare the blocks and count steps."""
     training_args, data_args = args.training, args.data
     check_processes_joined(training_args)
+    request = requested_strategy(training_args)
+    check_request_fits_device(request, training_args.device)
     precision = resolve_precision(training_args)
     tokenizer = load_tokenizer(data_args.tokenizer_dir)
     model_config = build_model_config(
@@ -146,7 +161,9 @@ def plan_run(args: PretrainArguments) -> RunPlan:
         resumed_from_step=checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
         data={"cache_dir": str(cache_dir), **read_stats(cache_dir)},
     )
-    return RunPlan(tokenizer, model_config, precision, blocks, schedule, resume_checkpoint, record)
+    return RunPlan(
+        tokenizer, model_config, precision, blocks, schedule, resume_checkpoint, request, record
+    )
 
 
 def check_budget_fills_a_batch(
@@ -179,6 +196,7 @@ def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
     if "tensorboard" not in training_args.report_to:
         training_args.report_to = [*training_args.report_to, "tensorboard"]
     stop_on_signal = CheckpointOnSignalCallback()
+    apply_library_fixes()
     with trainer_creation_environment(tensorboard_dir, args.model.compile_regions):
         trainer = Trainer(
             model=model,
@@ -192,6 +210,13 @@ def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
     # From here accelerate has set up the processes, devices and precision it will train with.
     accelerator_state = str(trainer.accelerator.state)
     logger.info("accelerator state:\n%s", accelerator_state)
+    strategy = check_strategy(plan.request, trainer.accelerator)
+    logger.info(
+        "parallelism: %s (%s, %d processes), as requested",
+        strategy.name,
+        strategy.distributed_type,
+        strategy.num_processes,
+    )
 
     tensorboard = find_tensorboard_callback(trainer)
     if tensorboard is not None and trainer.is_world_process_zero():
@@ -211,6 +236,8 @@ def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
         snapshot_path=output_dir / NVIDIA_SMI_FILE,
     )
     trainer.add_callback(throughput)
+    footprint = FootprintCallback()
+    trainer.add_callback(footprint)
     record = SetupRecord(
         num_parameters=count_parameters(model),
         flops_per_token=model_flops_per_token,
@@ -223,7 +250,7 @@ def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
             "precision_source": plan.precision.source,
         },
     )
-    return TrainerSetup(trainer, throughput, stop_on_signal, record)
+    return TrainerSetup(trainer, strategy, throughput, footprint, stop_on_signal, record)
 
 
 def speed_settings(
@@ -308,12 +335,19 @@ def summarise(
         eval_loss=eval_loss,
         replica_checksums=replica_checksums(trainer),
     )
+    parallelism = ParallelismRecord(
+        strategy=setup.strategy.name,
+        distributed_type=setup.strategy.distributed_type,
+        num_processes=setup.strategy.num_processes,
+        ranks=setup.footprint.ranks,
+    )
     return RunSummary(
         wall_seconds=time.time() - launched_at,
         plan=plan.record,
         setup=setup.record,
         loop=setup.throughput.loop_record(),
         outcome=outcome,
+        parallelism=parallelism,
     )
 
 

@@ -3,7 +3,8 @@
 The summary is made of parts, each filled by the step of `pretrain/run.py` that knows its
 numbers: `PlanRecord` by the plan (steps, batch, data), `SetupRecord` by the trainer set-up
 (model, processes, speed settings), `LoopRecord` by `ThroughputCallback` (the training loop's
-time and speed) and `OutcomeRecord` at the end (losses, replicas). `RunSummary.to_dict()` is
+time and speed), `OutcomeRecord` at the end (losses, replicas) and `ParallelismRecord` (the
+strategy in force and what each process held) from every process. `RunSummary.to_dict()` is
 the file's content; its version and the keys the report relies on are in
 `common.run_contract`.
 """
@@ -87,12 +88,23 @@ class OutcomeRecord:
 
 
 @dataclass(frozen=True)
+class ParallelismRecord:
+    """How the model was spread over the processes, and what each of them held at the end."""
+
+    strategy: str  # pretrain.launch.Strategy.name: "single", "ddp", "fsdp2", "zero2", ...
+    distributed_type: str  # accelerate's, as checked against the request before training
+    num_processes: int
+    ranks: list[dict[str, Any]]  # pretrain.footprint records, in rank order
+
+
+@dataclass(frozen=True)
 class RunSummary:
     wall_seconds: float  # from the process launch to the summary
     plan: PlanRecord
     setup: SetupRecord
     loop: LoopRecord
     outcome: OutcomeRecord
+    parallelism: ParallelismRecord
 
     def to_dict(self) -> dict[str, Any]:
         """The content of run_summary.json."""
@@ -106,6 +118,7 @@ class RunSummary:
             "replicas_in_sync": self.outcome.replicas_in_sync,
             **dataclasses.asdict(self.plan),
             **dataclasses.asdict(self.setup),
+            "parallelism": dataclasses.asdict(self.parallelism),
             "hardware": hardware_description(),
             "versions": library_versions(),
         }

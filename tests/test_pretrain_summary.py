@@ -9,6 +9,7 @@ from common.run_contract import GPT_REQUIRED_KEYS, GPT_SUMMARY_VERSION
 from pretrain.summary import (
     LoopRecord,
     OutcomeRecord,
+    ParallelismRecord,
     PlanRecord,
     RunSummary,
     SetupRecord,
@@ -31,6 +32,10 @@ LOOP = LoopRecord(
     tokens_per_second=768.0,
     mfu=0.01,
 )
+RANKS = [{"rank": rank, "parameter_bytes": 400} for rank in range(2)]
+PARALLELISM = ParallelismRecord(
+    strategy="fsdp2", distributed_type="FSDP", num_processes=2, ranks=RANKS
+)
 
 
 def outcome(**changes) -> OutcomeRecord:
@@ -48,7 +53,14 @@ def outcome(**changes) -> OutcomeRecord:
 
 
 def test_summary_holds_every_part_and_the_required_keys(tmp_path):
-    summary = RunSummary(wall_seconds=3.0, plan=PLAN, setup=SETUP, loop=LOOP, outcome=outcome())
+    summary = RunSummary(
+        wall_seconds=3.0,
+        plan=PLAN,
+        setup=SETUP,
+        loop=LOOP,
+        outcome=outcome(),
+        parallelism=PARALLELISM,
+    )
     summary.write(tmp_path / "summary.json")
     written = json.loads((tmp_path / "summary.json").read_text())
     assert set(GPT_REQUIRED_KEYS) <= set(written)
@@ -58,6 +70,12 @@ def test_summary_holds_every_part_and_the_required_keys(tmp_path):
     assert written["config"] == {"ModelArguments": {"model_preset": "tiny"}}
     assert written["loss_below_threshold"] is True and written["replicas_in_sync"] is True
     assert written["perplexity"] == math.exp(5.5)
+    assert written["parallelism"] == {
+        "strategy": "fsdp2",
+        "distributed_type": "FSDP",
+        "num_processes": 2,
+        "ranks": RANKS,
+    }
     assert summary.headline() == "final loss 5.000 (below 7), eval loss 5.500, 768 tokens/s"
 
 
@@ -67,7 +85,9 @@ def test_judgements_of_the_outcome():
     assert outcome(replica_checksums=["a", "b"]).replicas_in_sync is False
     assert outcome(replica_checksums=None).replicas_in_sync is None  # sharded: not compared
     assert outcome(eval_loss=1e6).perplexity is None  # overflow
-    no_losses = RunSummary(3.0, PLAN, SETUP, LOOP, outcome(final_loss=None, eval_loss=None))
+    no_losses = RunSummary(
+        3.0, PLAN, SETUP, LOOP, outcome(final_loss=None, eval_loss=None), PARALLELISM
+    )
     assert no_losses.headline().startswith("final loss n/a (NOT below 7), eval loss n/a")
 
 
