@@ -1,0 +1,642 @@
+"""Train the same GPT-2 under every parallelism strategy and compare them side by side.
+
+    compare-parallelism --output_dir runs/demo/parallelism      # tiny model, 2 CPU processes
+    compare-parallelism --device cuda --num_processes 4 --global_batch_size 64 --max_steps 20 \\
+        --output_dir runs/parallelism_117m                      # GPT-2 117M on 4 GPUs
+
+Each strategy trains --max_steps steps of the same global batch (--global_batch_size blocks)
+from the same random weights, in a subprocess of its own:
+
+  single, ddp, fsdp, zero2, zero3     accelerate launch --config_file accelerate_configs/...
+                                      --num_processes P pretrain/run.py (Trainer); the data
+                                      parallel ones split the batch, global / P blocks each
+  single-loop, tp, pp-gpipe, pp-1f1b  torchrun --standalone --nproc_per_node P -m
+                                      pretrain.model_parallel (our loop; single-loop is one
+                                      process); every process sees the whole batch
+
+All run eagerly with transformers' loss, as our loop does, so the rows differ by their
+parallelism only; on GPUs Trainer trains in the accelerate config's precision (bf16) and our
+loop in fp32 (the table says which). Trainer and our loop order the blocks differently, so each
+row's loss is compared with the one-process run of its own loop: ddp, fsdp, zero2 and zero3
+with `single`; tp and the pipelines with `single-loop` (added when a strategy needs it). Per
+strategy the table gives the loss of the last step and its difference from the reference, the
+parameter and optimizer-state bytes and the peak memory of the process that holds the most,
+the step time (the first step, warm-up, left out) and tokens/s.
+
+`--output_dir` receives a run folder and a log per strategy (`<strategy>/`,
+`<strategy>.log`), then `parallelism_comparison.md` (the table), `.png` and, last, `.json`. A
+strategy that fails is a row with its error, and the command then exits with 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from common.cli import InputError, entry_point, parse_args
+from common.files import write_json_atomic
+from common.run_contract import (
+    GPT_SUMMARY_FILE,
+    MODEL_PARALLEL_SUMMARY_FILE,
+    PARALLELISM_COMPARISON_FIGURE,
+    PARALLELISM_COMPARISON_FILE,
+    PARALLELISM_COMPARISON_TABLE,
+    PARALLELISM_COMPARISON_VERSION,
+)
+from common.system import hardware_description, library_versions
+
+logger = logging.getLogger(__name__)
+
+PRETRAIN_DIR = Path(__file__).resolve().parent
+ACCELERATE_CONFIG_DIR = PRETRAIN_DIR.parent / "accelerate_configs"
+RUN_SCRIPT = PRETRAIN_DIR / "run.py"
+DEVICES = ("cpu", "cuda")
+DEFAULT_TRAINING_CONFIGS = {
+    "cpu": PRETRAIN_DIR / "configs" / "tiny.yaml",
+    "cuda": PRETRAIN_DIR / "configs" / "gpt2_117m.yaml",
+}
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """How one strategy is launched and what its summary must then say."""
+
+    name: str
+    reference: str | None  # the row whose loss this one must equal; None for a reference
+    # Trainer strategies: the accelerate config per device; our loop's: None.
+    accelerate_configs: dict[str, str] | None = None
+    loop_options: tuple[str, ...] = ()  # pretrain.model_parallel flags that pick the strategy
+    granted: str = ""  # the strategy name its summary reports when it ran as asked
+    distributed: bool = True  # False: one process
+
+    @property
+    def uses_trainer(self) -> bool:
+        return self.accelerate_configs is not None
+
+    @property
+    def splits_batch(self) -> bool:
+        """Data parallel: each process takes global / P blocks of every step."""
+        return self.uses_trainer
+
+    @property
+    def is_pipeline(self) -> bool:
+        return self.loop_options[:2] == ("--strategy", "pp")
+
+
+def _trainer(name: str, cpu: str, cuda: str, granted: str) -> StrategySpec:
+    return StrategySpec(name, "single", {"cpu": cpu, "cuda": cuda}, granted=granted)
+
+
+def _loop(name: str, *options: str) -> StrategySpec:
+    return StrategySpec(name, "single-loop", loop_options=("--strategy", *options), granted=name)
+
+
+STRATEGIES = {
+    spec.name: spec
+    for spec in (
+        StrategySpec(
+            "single",
+            None,
+            {"cpu": "cpu.yaml", "cuda": "single_gpu.yaml"},
+            granted="single",
+            distributed=False,
+        ),
+        _trainer("ddp", "cpu_ddp.yaml", "multi_gpu_ddp.yaml", "ddp"),
+        _trainer("fsdp", "cpu_fsdp.yaml", "fsdp.yaml", "fsdp2"),
+        _trainer("zero2", "cpu_deepspeed_zero2.yaml", "deepspeed_zero2.yaml", "zero2"),
+        _trainer("zero3", "cpu_deepspeed_zero3.yaml", "deepspeed_zero3.yaml", "zero3"),
+        StrategySpec(
+            "single-loop",
+            None,
+            loop_options=("--strategy", "single"),
+            granted="single",
+            distributed=False,
+        ),
+        _loop("tp", "tp"),
+        _loop("pp-gpipe", "pp", "--pipeline_schedule", "gpipe"),
+        _loop("pp-1f1b", "pp", "--pipeline_schedule", "1f1b"),
+    )
+}
+
+
+@dataclass
+class ComparisonArguments:
+    """What to compare, on what, and the training options every strategy shares."""
+
+    output_dir: str = field(
+        metadata={
+            "help": "Folder to create: a run folder and a log per strategy, then "
+            "parallelism_comparison.json, .md and .png."
+        }
+    )
+    strategies: list[str] = field(
+        default_factory=lambda: list(STRATEGIES),
+        metadata={
+            "help": "Strategies to run, in this order: "
+            f"{', '.join(STRATEGIES)}. The reference a chosen one is compared with "
+            "(single or single-loop) is added."
+        },
+    )
+    num_processes: int = field(
+        default=2, metadata={"help": "Processes (GPUs with --device cuda) per strategy."}
+    )
+    device: str = field(
+        default="cpu",
+        metadata={
+            "help": "'cpu': the cpu_*.yaml accelerate configs, fp32, one thread per process; "
+            "'cuda': the GPU configs (bf16 under Trainer; our loop trains in fp32)."
+        },
+    )
+    training_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "Training YAML for every strategy (default: pretrain/configs/tiny.yaml on "
+            "cpu, pretrain/configs/gpt2_117m.yaml on cuda)."
+        },
+    )
+    corpus: list[str] | None = field(
+        default=None, metadata={"help": "Corpus paths (default: the training config's)."}
+    )
+    tokenizer_dir: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder (default: the training config's)."}
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Packed-block cache folder (default: the training config's)."},
+    )
+    max_train_tokens: int | None = field(
+        default=None, metadata={"help": "Token budget (default: the training config's)."}
+    )
+    max_steps: int = field(
+        default=16,
+        metadata={"help": "Optimizer steps per strategy (within one pass over the budget)."},
+    )
+    global_batch_size: int = field(
+        default=16,
+        metadata={
+            "help": "Blocks per optimizer step, for every strategy; a multiple of "
+            "--num_processes (data parallel splits it). 64 is the course batch of GPT-2 117M."
+        },
+    )
+    num_microbatches: int | None = field(
+        default=None,
+        metadata={
+            "help": "Microbatches per step of pp-gpipe and pp-1f1b (default: "
+            "pretrain.model_parallel's); must divide --global_batch_size."
+        },
+    )
+    timeout_minutes: float = field(
+        default=60.0,
+        metadata={"help": "Stop a strategy that runs longer and record it as failed."},
+    )
+    overwrite: bool = field(default=False, metadata={"help": "Replace an existing --output_dir."})
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.strategies if name not in STRATEGIES]
+        if unknown:
+            raise InputError(
+                f"--strategies {' '.join(unknown)}: unknown; choose from {', '.join(STRATEGIES)}"
+            )
+        if self.device not in DEVICES:
+            raise InputError(f"--device {self.device} is not one of {', '.join(DEVICES)}")
+        if self.num_processes < 2:
+            raise InputError(
+                f"--num_processes {self.num_processes}: the strategies split work across "
+                "processes; pass 2 or more"
+            )
+        if self.global_batch_size % self.num_processes:
+            raise InputError(
+                f"--global_batch_size {self.global_batch_size} does not split over "
+                f"--num_processes {self.num_processes}; pass a multiple of it"
+            )
+        if self.max_steps < 2:
+            raise InputError(
+                f"--max_steps {self.max_steps}: the step time leaves the first step out; "
+                "pass 2 or more"
+            )
+        if self.training_config is None:
+            self.training_config = str(DEFAULT_TRAINING_CONFIGS[self.device])
+        if not Path(self.training_config).is_file():
+            raise InputError(
+                f"--training_config {self.training_config} does not exist; pass a training "
+                "YAML such as pretrain/configs/tiny.yaml"
+            )
+
+    def chosen_strategies(self) -> list[StrategySpec]:
+        """The chosen strategies and their references, in the order of STRATEGIES."""
+        wanted = set(self.strategies)
+        wanted |= {STRATEGIES[name].reference for name in self.strategies} - {None}
+        return [spec for name, spec in STRATEGIES.items() if name in wanted]
+
+
+@dataclass
+class ComparisonRow:
+    """One strategy's result, or its error."""
+
+    strategy: str
+    reference: str | None
+    command: str
+    run_dir: str  # relative to the comparison folder
+    num_processes: int
+    blocks_per_process: int
+    wall_seconds: float
+    error: str | None = None
+    granted: str | None = None  # the strategy the run reports (accelerate's type for Trainer)
+    precision: str | None = None
+    global_batch_tokens: int | None = None
+    final_loss: float | None = None
+    loss_difference: float | None = None  # final_loss minus the reference's
+    parameter_bytes: int | None = None  # the largest over the processes, and so on
+    optimizer_state_bytes: int | None = None
+    parameter_and_optimizer_bytes: int | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_source: str | None = None
+    step_seconds: float | None = None
+    tokens_per_second: float | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.error is None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def training_argv(
+    args: ComparisonArguments, spec: StrategySpec, run_dir: Path, blocks_per_process: int
+) -> list[str]:
+    """The training flags of one strategy: the shared options, then what each loop needs to
+    record the last step's loss and to skip work the comparison does not read.
+
+    Every strategy runs the model as our loop can: eagerly, with transformers' loss, without
+    gradient accumulation; so the rows differ by their parallelism only.
+    """
+    argv = [
+        "--config", args.training_config,
+        "--output_dir", str(run_dir),
+        "--max_steps", str(args.max_steps),
+        "--per_device_train_batch_size", str(blocks_per_process),
+        "--gradient_accumulation_steps", "1",
+        "--torch_compile", "false",
+        "--loss_implementation", "hf",
+        "--logging_steps", "1",
+        "--save_strategy", "no",
+        "--disable_tqdm", "true",
+    ]  # fmt: skip
+    if args.corpus:
+        argv += ["--corpus", *args.corpus]
+    for name in ("tokenizer_dir", "cache_dir", "max_train_tokens"):
+        if getattr(args, name) is not None:
+            argv += [f"--{name}", str(getattr(args, name))]
+    if spec.uses_trainer:
+        return [*argv, "--final_loss_window", "1"]  # the last step's loss, as our loop's
+    argv += ["--report_to", "none"]  # our loop writes no TensorBoard
+    if spec.is_pipeline and args.num_microbatches is not None:
+        argv += ["--num_microbatches", str(args.num_microbatches)]
+    return [*spec.loop_options, *argv]
+
+
+def launch_command(
+    args: ComparisonArguments,
+    spec: StrategySpec,
+    run_dir: Path,
+    num_processes: int,
+    blocks_per_process: int,
+) -> list[str]:
+    """The command line of one strategy, with this interpreter's launchers."""
+    training = training_argv(args, spec, run_dir, blocks_per_process)
+    if spec.uses_trainer:
+        config = ACCELERATE_CONFIG_DIR / spec.accelerate_configs[args.device]
+        launcher = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(config), "--num_processes", str(num_processes),
+        ]  # fmt: skip
+        if spec.distributed:
+            launcher += ["--main_process_port", str(free_port())]
+        return [*launcher, str(RUN_SCRIPT), *training]
+    if not spec.distributed:
+        return [sys.executable, "-m", "pretrain.model_parallel", *training]
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", "--nproc_per_node", str(num_processes),
+        "-m", "pretrain.model_parallel", *training,
+    ]  # fmt: skip
+
+
+def child_environment(device: str) -> dict[str, str]:
+    """The children's environment: ours, with the repository importable, and on CPU one thread
+    per process and DeepSpeed on the CPU (it would pick a GPU that is there but not asked for)."""
+    env = dict(os.environ)
+    repo_root = str(PRETRAIN_DIR.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+    if device == "cpu":
+        env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    return env
+
+
+def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+    """Run `command` with its output in `log_path`; its exit code. Raises TimeoutExpired after
+    `timeout_s`.
+
+    The launcher and its workers form one process group, stopped together on a timeout or an
+    interrupt: killing the launcher alone would leave its workers training.
+    """
+    with log_path.open("w", encoding="utf-8") as log:
+        log.write(shlex.join(command) + "\n")
+        log.flush()
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            return process.wait(timeout=timeout_s)
+        except BaseException:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+
+
+# The launchers' own closing words when a worker failed: they say that, not why.
+LAUNCHER_FAILURES = ("CalledProcessError", "ChildFailedError")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
+
+
+def error_line(log_text: str) -> str:
+    """Why a strategy failed, in one line: our `error:` line, else the last exception that is
+    not the launcher's, else the log's last line."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("error:"):
+            return line
+    for line in reversed(lines):
+        if EXCEPTION_LINE.match(line) and not line.startswith(LAUNCHER_FAILURES):
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def max_over_ranks(records: list[dict[str, Any]], *keys: str) -> int:
+    return max(sum(record[key] for key in keys) for record in records)
+
+
+def read_trainer_summary(row: ComparisonRow, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Fill `row` from pretrain/run.py's run_summary.json; the per-rank footprints."""
+    parallelism = summary["parallelism"]
+    row.granted = parallelism["strategy"]
+    row.precision = summary["speed_settings"]["precision"]
+    row.global_batch_tokens = summary["global_batch_tokens"]
+    row.final_loss = summary["final_loss"]
+    steps = summary["global_step"]
+    row.step_seconds = (summary["train_loop_seconds"] - summary["first_step_seconds"]) / (steps - 1)
+    return parallelism["ranks"]
+
+
+def read_loop_summary(row: ComparisonRow, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Fill `row` from pretrain.model_parallel's summary; the per-rank footprints."""
+    schedule = summary["pipeline_schedule"]
+    row.granted = summary["strategy"] + (f"-{schedule}" if schedule else "")
+    row.precision = "fp32"  # the only precision of our loop
+    row.global_batch_tokens = summary["global_batch_tokens"]
+    row.final_loss = summary["final_loss"]
+    row.step_seconds = summary["step_seconds"]  # the median step after the first
+    return summary["footprint"]
+
+
+def read_result(row: ComparisonRow, spec: StrategySpec, run_dir: Path) -> None:
+    """Fill `row` from the run folder's summary, or set its error."""
+    summary_path = run_dir / (
+        GPT_SUMMARY_FILE if spec.uses_trainer else MODEL_PARALLEL_SUMMARY_FILE
+    )
+    if not summary_path.is_file():
+        row.error = f"exited with 0 but wrote no {summary_path.name}"
+        return
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    reader = read_trainer_summary if spec.uses_trainer else read_loop_summary
+    ranks = reader(row, summary)
+    if row.granted != spec.granted or len(ranks) != row.num_processes:
+        row.error = (
+            f"asked for {spec.granted} on {row.num_processes} process(es), ran {row.granted} "
+            f"on {len(ranks)}"
+        )
+    row.parameter_bytes = max_over_ranks(ranks, "parameter_bytes")
+    row.optimizer_state_bytes = max_over_ranks(ranks, "optimizer_state_bytes")
+    row.parameter_and_optimizer_bytes = max_over_ranks(
+        ranks, "parameter_bytes", "optimizer_state_bytes"
+    )
+    row.peak_memory_bytes = max_over_ranks(ranks, "peak_memory_bytes")
+    row.peak_memory_source = ranks[0]["peak_memory_source"]
+    row.tokens_per_second = row.global_batch_tokens / row.step_seconds
+
+
+def run_strategy(args: ComparisonArguments, spec: StrategySpec, output_dir: Path) -> ComparisonRow:
+    """Train one strategy in its run folder under `output_dir`; its row."""
+    num_processes = args.num_processes if spec.distributed else 1
+    blocks = (
+        args.global_batch_size // num_processes if spec.splits_batch else args.global_batch_size
+    )
+    run_dir = output_dir / spec.name
+    command = launch_command(args, spec, run_dir, num_processes, blocks)
+    row = ComparisonRow(
+        strategy=spec.name,
+        reference=spec.reference,
+        command=shlex.join(command),
+        run_dir=spec.name,
+        num_processes=num_processes,
+        blocks_per_process=blocks,
+        wall_seconds=0.0,
+    )
+    log_path = output_dir / f"{spec.name}.log"
+    logger.info(
+        "%s: %d process(es), %d blocks each; log %s", spec.name, num_processes, blocks, log_path
+    )
+    started = time.perf_counter()
+    try:
+        returncode = run_logged(
+            command, child_environment(args.device), log_path, args.timeout_minutes * 60
+        )
+    except subprocess.TimeoutExpired:
+        row.error = f"stopped after --timeout_minutes {args.timeout_minutes:g}"
+    else:
+        if returncode != 0:
+            row.error = f"exit code {returncode}: {error_line(log_path.read_text('utf-8'))}"
+        else:
+            read_result(row, spec, run_dir)
+    row.wall_seconds = time.perf_counter() - started
+    if row.succeeded:
+        logger.info(
+            "%s: final loss %.6f, %.0f tokens/s, %.0f s", spec.name, row.final_loss,
+            row.tokens_per_second, row.wall_seconds,
+        )  # fmt: skip
+    else:
+        logger.error("%s failed: %s", spec.name, row.error)
+    return row
+
+
+def compare_with_references(rows: list[ComparisonRow]) -> None:
+    """Set each row's loss difference from its reference (when both finished)."""
+    by_name = {row.strategy: row for row in rows}
+    for row in rows:
+        reference = by_name.get(row.reference) if row.reference else row
+        if row.succeeded and reference is not None and reference.succeeded:
+            row.loss_difference = row.final_loss - reference.final_loss
+
+
+def format_bytes(value: float | None) -> str:
+    """Binary units, three significant digits or more: 583 KiB, 1.14 MiB, 1010 MiB."""
+    if value is None:
+        return "-"
+    units = ("B", "KiB", "MiB", "GiB")
+    power = 0
+    while value >= 1024 and power < len(units) - 1:
+        value /= 1024
+        power += 1
+    unit = units[power]
+    decimals = 0 if unit == "B" or value >= 100 else 1 if value >= 10 else 2
+    return f"{value:.{decimals}f} {unit}"
+
+
+def format_difference(row: ComparisonRow) -> str:
+    if row.reference is None:
+        return "(reference)" if row.succeeded else "-"
+    if row.loss_difference is None:
+        return "-"
+    return f"{row.loss_difference:+.1e} vs {row.reference}"
+
+
+def comparison_table(rows: list[ComparisonRow]) -> list[str]:
+    """The comparison as a Markdown table, one line per strategy."""
+    header = [
+        "strategy", "processes", "blocks/process", "precision", "final loss", "difference",
+        "parameters/process", "optimizer state/process", "peak memory/process", "step time",
+        "tokens/s", "result",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for row in rows:
+        cells = [
+            row.strategy,
+            str(row.num_processes),
+            str(row.blocks_per_process),
+            row.precision or "-",
+            "-" if row.final_loss is None else f"{row.final_loss:.4f}",
+            format_difference(row),
+            format_bytes(row.parameter_bytes),
+            format_bytes(row.optimizer_state_bytes),
+            format_bytes(row.peak_memory_bytes),
+            "-" if row.step_seconds is None else f"{row.step_seconds * 1000:.0f} ms",
+            "-" if row.tokens_per_second is None else f"{row.tokens_per_second:,.0f}",
+            "ok" if row.succeeded else "failed: " + row.error.replace("|", "/"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def draw_comparison(rows: list[ComparisonRow], path: Path) -> None:
+    """Bars per strategy: parameters and optimizer state (stacked), peak memory, tokens/s, each
+    for the process that holds or takes the most. A failed strategy keeps its place, empty."""
+    names = [row.strategy for row in rows]
+    positions = range(len(rows))
+    mib = 2**20
+
+    def values(attribute: str, scale: float = 1.0) -> list[float]:
+        return [(getattr(row, attribute) or 0) / scale for row in rows]
+
+    figure = Figure(figsize=(15, 4.2), dpi=110, layout="constrained")
+    axes = figure.subplots(1, 3)
+    parameters = values("parameter_bytes", mib)
+    axes[0].bar(positions, parameters, label="parameters")
+    axes[0].bar(positions, values("optimizer_state_bytes", mib), bottom=parameters,
+                label="optimizer state")  # fmt: skip
+    axes[0].set_title("parameters + optimizer state per process")
+    axes[0].set_ylabel("MiB (largest process)")
+    axes[0].legend()
+    sources = {row.peak_memory_source for row in rows if row.peak_memory_source}
+    axes[1].bar(positions, values("peak_memory_bytes", mib), color="tab:red")
+    axes[1].set_title(f"peak memory per process ({', '.join(sorted(sources)) or 'none'})")
+    axes[1].set_ylabel("MiB (largest process)")
+    axes[2].bar(positions, values("tokens_per_second"), color="tab:green")
+    axes[2].set_title("training speed (first step left out)")
+    axes[2].set_ylabel("tokens/s")
+    for axis in axes:
+        axis.set_xticks(list(positions), names, rotation=40, ha="right")
+        for position, row in zip(positions, rows, strict=True):
+            if not row.succeeded:
+                axis.text(position, 0, "failed", rotation=90, ha="center", va="bottom")
+    figure.savefig(path)
+
+
+def write_comparison(
+    args: ComparisonArguments, rows: list[ComparisonRow], output_dir: Path, argv: list[str]
+) -> list[str]:
+    """Write the JSON, the table and the figure into `output_dir`; the table's lines."""
+    table = comparison_table(rows)
+    draw_comparison(rows, output_dir / PARALLELISM_COMPARISON_FIGURE)
+    (output_dir / PARALLELISM_COMPARISON_TABLE).write_text("\n".join(table) + "\n", "utf-8")
+    write_json_atomic(
+        output_dir / PARALLELISM_COMPARISON_FILE,
+        {
+            "comparison_version": PARALLELISM_COMPARISON_VERSION,
+            "command": shlex.join(["compare-parallelism", *argv]),
+            "device": args.device,
+            "num_processes": args.num_processes,
+            "global_batch_size": args.global_batch_size,
+            "max_steps": args.max_steps,
+            "training_config": args.training_config,
+            "rows": [asdict(row) for row in rows],
+            "hardware": hardware_description(),
+            "versions": library_versions(),
+            "config": asdict(args),
+        },
+    )
+    return table
+
+
+def create_output_dir(path: Path, overwrite: bool) -> None:
+    """An empty `path`; an existing one is refused unless `overwrite`, before any training."""
+    if path.exists():
+        if not overwrite:
+            raise InputError(f"output folder {path} already exists; pass --overwrite to replace it")
+        shutil.rmtree(path)
+    try:
+        path.mkdir(parents=True)
+    except OSError as err:
+        raise InputError(f"cannot create {path}: {err.strerror}") from None
+
+
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    (args,) = parse_args(
+        [ComparisonArguments], argv, description=__doc__, prog="compare-parallelism"
+    )
+    # The strategies' run folders are written in place, where their summaries say they are;
+    # the comparison's JSON comes last, so a folder without it is an unfinished comparison.
+    output_dir = Path(args.output_dir)
+    create_output_dir(output_dir, args.overwrite)
+    rows = [run_strategy(args, spec, output_dir) for spec in args.chosen_strategies()]
+    compare_with_references(rows)
+    table = write_comparison(args, rows, output_dir, argv)
+    print("\n".join(table))
+    failed = [row.strategy for row in rows if not row.succeeded]
+    if failed:
+        logger.error("failed: %s (their logs are in %s)", ", ".join(failed), output_dir)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""compare-parallelism: every strategy trains the tiny GPT-2 on two CPU processes, each loss equals
+its one-process reference, the sharded strategies hold less per process than DDP, and the table,
+JSON and figure come out; a strategy that fails is a row with its error."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+from model_parallel_runs import NUM_BLOCKS
+from pretrain_runs import BLOCK_SIZE, shared_data_paths
+
+from common.run_contract import (
+    GPT_SUMMARY_FILE,
+    MODEL_PARALLEL_SUMMARY_FILE,
+    PARALLELISM_COMPARISON_FIGURE,
+    PARALLELISM_COMPARISON_FILE,
+    PARALLELISM_COMPARISON_TABLE,
+)
+from pretrain.compare_parallelism import STRATEGIES, main
+
+NUM_STEPS = 3
+GLOBAL_BATCH = 4  # blocks: 2 per process under data parallel
+# Every strategy adds the same numbers in another order: fp32 rounding, nothing more.
+LOSS_TOLERANCE = 1e-4
+SHARDED = ("fsdp", "zero2", "zero3", "tp", "pp-gpipe", "pp-1f1b")
+
+
+@pytest.fixture
+def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
+    return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
+
+
+def comparison_argv(data_paths: dict, output_dir, *options: str) -> list[str]:
+    return [
+        "--output_dir", str(output_dir),
+        "--corpus", str(data_paths["corpus_dir"]),
+        "--tokenizer_dir", str(data_paths["tokenizer_dir"]),
+        "--cache_dir", str(data_paths["cache_dir"]),
+        # The budget of the DDP and model-parallel tests: one cache of packed blocks for all.
+        "--max_train_tokens", str(NUM_BLOCKS * BLOCK_SIZE),
+        "--max_steps", str(NUM_STEPS),
+        "--global_batch_size", str(GLOBAL_BATCH),
+        "--num_processes", "2",
+        *options,
+    ]  # fmt: skip
+
+
+def test_every_strategy_trains_like_its_reference_and_sharding_holds_less(data_paths, tmp_path):
+    output_dir = tmp_path / "comparison"
+    assert main(comparison_argv(data_paths, output_dir)) == 0
+
+    comparison = json.loads((output_dir / PARALLELISM_COMPARISON_FILE).read_text())
+    rows = {row["strategy"]: row for row in comparison["rows"]}
+    assert list(rows) == list(STRATEGIES)
+    for name, row in rows.items():
+        assert row["error"] is None, f"{name}: {row['error']}"
+        summary = GPT_SUMMARY_FILE if STRATEGIES[name].uses_trainer else MODEL_PARALLEL_SUMMARY_FILE
+        assert (output_dir / row["run_dir"] / summary).is_file()
+        assert row["global_batch_tokens"] == GLOBAL_BATCH * BLOCK_SIZE
+        assert row["num_processes"] == (1 if row["reference"] is None else 2)
+        assert row["tokens_per_second"] > 0 and row["peak_memory_bytes"] > 0
+    assert rows["ddp"]["blocks_per_process"] == GLOBAL_BATCH // 2
+    assert rows["tp"]["blocks_per_process"] == GLOBAL_BATCH
+
+    for name in ("single", "single-loop"):
+        assert rows[name]["reference"] is None and rows[name]["loss_difference"] == 0.0
+    for row in rows.values():
+        if row["reference"] is not None:
+            reference = rows[row["reference"]]
+            assert row["final_loss"] == pytest.approx(reference["final_loss"], abs=LOSS_TOLERANCE)
+            assert abs(row["loss_difference"]) <= LOSS_TOLERANCE
+
+    # DDP keeps a whole replica per process, as one process does; sharding keeps less.
+    ddp_bytes = rows["ddp"]["parameter_and_optimizer_bytes"]
+    assert ddp_bytes == rows["single"]["parameter_and_optimizer_bytes"]
+    for name in SHARDED:
+        assert rows[name]["parameter_and_optimizer_bytes"] < ddp_bytes, name
+    assert rows["zero3"]["parameter_bytes"] < rows["zero2"]["parameter_bytes"]
+
+    table = (output_dir / PARALLELISM_COMPARISON_TABLE).read_text().splitlines()
+    assert len(table) == 2 + len(STRATEGIES)
+    assert all(line.endswith("| ok |") for line in table[2:])
+
+    pixels = mpimg.imread(output_dir / PARALLELISM_COMPARISON_FIGURE)
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 600
+    colours = pixels[..., :3].reshape(-1, 3)
+    # Not blank: bars in several colours, not a white page.
+    assert (colours < 0.9).any(axis=1).mean() > 0.05
+    assert len(np.unique(np.round(colours, 1), axis=0)) > 5
+
+
+def test_a_failing_strategy_is_a_row_with_its_error_and_the_exit_code_says_so(data_paths, tmp_path):
+    output_dir = tmp_path / "comparison"
+    # 3 microbatches cannot split a batch of 4 blocks: pretrain.model_parallel refuses it.
+    argv = comparison_argv(
+        data_paths, output_dir, "--strategies", "pp-gpipe", "--num_microbatches", "3"
+    )
+    assert main(argv) == 1
+
+    comparison = json.loads((output_dir / PARALLELISM_COMPARISON_FILE).read_text())
+    rows = {row["strategy"]: row for row in comparison["rows"]}
+    assert list(rows) == ["single-loop", "pp-gpipe"]  # the reference is added
+    assert rows["single-loop"]["error"] is None
+    error = rows["pp-gpipe"]["error"]
+    assert error.startswith("exit code 1: error:") and "--num_microbatches" in error
+    assert rows["pp-gpipe"]["loss_difference"] is None
+    assert (output_dir / "pp-gpipe.log").read_text().count("error:") >= 1
+    assert (output_dir / PARALLELISM_COMPARISON_FIGURE).is_file()
+
+
+def test_bad_options_are_refused_before_anything_is_written(data_paths, tmp_path, capsys):
+    output_dir = tmp_path / "comparison"
+    assert main(comparison_argv(data_paths, output_dir, "--strategies", "zero4")) == 2
+    assert main(comparison_argv(data_paths, output_dir, "--global_batch_size", "5")) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert "zero4: unknown" in errors[-2] and "zero3" in errors[-2]
+    assert "--global_batch_size 5" in errors[-1] and "multiple" in errors[-1]
+    assert not output_dir.exists()
