@@ -116,3 +116,4 @@ PARALLELISM_COMPARISON_FILE = "parallelism_comparison.json"
 PARALLELISM_COMPARISON_TABLE = "parallelism_comparison.md"
 PARALLELISM_COMPARISON_FIGURE = "parallelism_comparison.png"
 PARALLELISM_COMPARISON_VERSION = 1
+PARALLELISM_COMPARISON_REQUIRED_KEYS = ("comparison_version", "command", "rows", "versions")

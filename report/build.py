@@ -1,10 +1,10 @@
 """Build the report: figures and report.md from one or more run folders.
 
 Works for GPT pretraining runs (with their classification probe's results when they were
-probed) and LeNet-5 runs (told apart by their summary file, see `common/run_contract.py`), and
-for a mix of both; runs of the same kind are overlaid in one set of figures (legend = run
-folder). Unfinished or older runs are reported with what they
-hold and a note of what is missing.
+probed), LeNet-5 runs and parallelism comparisons (told apart by their summary file, see
+`common/run_contract.py`), and for a mix of them; runs of the same kind are overlaid in one set
+of figures (legend = run folder). Unfinished or older runs are reported with what they hold
+and a note of what is missing.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from common.cli import InputError
 from common.files import atomic_dir
 from report.plots import Curve, Panel, plot_confusion_matrix, plot_images, plot_panels
 from report.run_folder import (
+    COMPARISON_KIND,
     GPT_KIND,
     MNIST_KIND,
     UNKNOWN_KIND,
@@ -437,6 +439,24 @@ def mnist_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     return lines + nvidia_smi_lines(runs)
 
 
+def comparison_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
+    """Each comparison's table and figure, as compare-parallelism wrote them."""
+    lines = ["## Parallelism comparison", ""]
+    for run in runs:
+        lines += [f"### `{run.name}`", "", f"`{run.summary.get('command', MISSING)}`", ""]
+        table = run.path / contract.PARALLELISM_COMPARISON_TABLE
+        if table.is_file():
+            lines += [table.read_text(encoding="utf-8").rstrip(), ""]
+        figure = run.path / contract.PARALLELISM_COMPARISON_FIGURE
+        if figure.is_file():
+            copy = out_dir / f"parallelism_comparison_{file_stem(run.name)}.png"
+            shutil.copyfile(figure, copy)
+            lines += figure_lines(
+                copy, f"Memory per process and speed of each strategy in `{run.name}`"
+            )
+    return lines + mapping_section(runs, "versions", "### Library versions")
+
+
 def unknown_section(runs: Sequence[RunRecord]) -> list[str]:
     lines = ["## Unrecognised folders", ""]
     for run in runs:
@@ -504,7 +524,12 @@ def write_report(
                 logger.error("TensorBoard screenshot failed: %s", err)
                 extra_notes.append(f"the TensorBoard screenshot failed: {err}")
         body: list[str] = []
-        for kind, section in ((GPT_KIND, gpt_section), (MNIST_KIND, mnist_section)):
+        sections = (
+            (GPT_KIND, gpt_section),
+            (MNIST_KIND, mnist_section),
+            (COMPARISON_KIND, comparison_section),
+        )
+        for kind, section in sections:
             of_kind = [run for run in runs if run.kind == kind]
             if of_kind:
                 body += section(of_kind, staging)

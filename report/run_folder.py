@@ -1,5 +1,5 @@
 """Read what a training run left in its folder: summary JSON, TensorBoard events, nvidia-smi,
-and the classification probe's results.
+and the classification probe's results; or a parallelism comparison's folder.
 
 Both stages write the same kind of run folder, described in `common/run_contract.py`: a
 summary JSON whose name says which stage wrote it, TensorBoard event files, and the
@@ -30,10 +30,19 @@ logger = logging.getLogger(__name__)
 
 GPT_KIND = "gpt"
 MNIST_KIND = "mnist"
+COMPARISON_KIND = "parallelism comparison"  # compare-parallelism's folder: a table and figure
 UNKNOWN_KIND = "unknown"
 
-SUMMARY_FILES = {GPT_KIND: contract.GPT_SUMMARY_FILE, MNIST_KIND: contract.MNIST_METRICS_FILE}
-REQUIRED_KEYS = {GPT_KIND: contract.GPT_REQUIRED_KEYS, MNIST_KIND: contract.MNIST_REQUIRED_KEYS}
+SUMMARY_FILES = {
+    GPT_KIND: contract.GPT_SUMMARY_FILE,
+    MNIST_KIND: contract.MNIST_METRICS_FILE,
+    COMPARISON_KIND: contract.PARALLELISM_COMPARISON_FILE,
+}
+REQUIRED_KEYS = {
+    GPT_KIND: contract.GPT_REQUIRED_KEYS,
+    MNIST_KIND: contract.MNIST_REQUIRED_KEYS,
+    COMPARISON_KIND: contract.PARALLELISM_COMPARISON_REQUIRED_KEYS,
+}
 
 # Tags only one stage writes: they tell the kind of a run that has no summary yet.
 KIND_MARKER_TAGS = {
@@ -112,6 +121,11 @@ def load_run(run_dir: str | Path) -> RunRecord:
     path = path.resolve()
     record = RunRecord(path=path, kind=UNKNOWN_KIND)
     summary_kind = read_summary(record)
+    if summary_kind == COMPARISON_KIND:
+        # Its strategies' run folders are inside; each is a run of its own to report.
+        check_summary(record)
+        check_comparison_files(record)
+        return record
     read_event_files(record)
     if summary_kind is None:
         record.kind = guess_kind_from_tags(record)
@@ -165,6 +179,19 @@ def check_summary(record: RunRecord) -> None:
     missing = [key for key in REQUIRED_KEYS[record.kind] if key not in record.summary]
     if missing and record.summary:
         record.note(f"{summary_name} lacks {', '.join(missing)} (shown as n/a)")
+
+
+def check_comparison_files(record: RunRecord) -> None:
+    """Note a comparison of another version, or without its table or figure."""
+    version = record.summary.get("comparison_version")
+    if record.summary and version != contract.PARALLELISM_COMPARISON_VERSION:
+        record.note(
+            f"{contract.PARALLELISM_COMPARISON_FILE} has comparison_version {version!r}, this "
+            f"report reads version {contract.PARALLELISM_COMPARISON_VERSION}"
+        )
+    for name in (contract.PARALLELISM_COMPARISON_TABLE, contract.PARALLELISM_COMPARISON_FIGURE):
+        if not (record.path / name).is_file():
+            record.note(f"no {name}: left out")
 
 
 def read_probe_results(record: RunRecord) -> None:

@@ -1,6 +1,7 @@
 """compare-parallelism: every strategy trains the tiny GPT-2 on two CPU processes, each loss equals
 its one-process reference, the sharded strategies hold less per process than DDP, and the table,
-JSON and figure come out; a strategy that fails is a row with its error."""
+JSON and figure come out, and the run report shows them; a strategy that fails is a row with its
+error."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from common.run_contract import (
     PARALLELISM_COMPARISON_TABLE,
 )
 from pretrain.compare_parallelism import STRATEGIES, main
+from report.build import write_report
 
 NUM_STEPS = 3
 GLOBAL_BATCH = 4  # blocks: 2 per process under data parallel
@@ -90,6 +92,15 @@ def test_every_strategy_trains_like_its_reference_and_sharding_holds_less(data_p
     # Not blank: bars in several colours, not a white page.
     assert (colours < 0.9).any(axis=1).mean() > 0.05
     assert len(np.unique(np.round(colours, 1), axis=0)) > 5
+
+    # The report recognises the folder and embeds the table and the figure.
+    report = write_report([output_dir], tmp_path / "report")
+    text = report.read_text()
+    assert "## Parallelism comparison" in text and "## GPT-2 pretraining" not in text
+    assert "\n".join(table) in text
+    (figure,) = report.parent.glob("parallelism_comparison_*.png")
+    assert f"]({figure.name})" in text
+    assert figure.read_bytes() == (output_dir / PARALLELISM_COMPARISON_FIGURE).read_bytes()
 
 
 def test_a_failing_strategy_is_a_row_with_its_error_and_the_exit_code_says_so(data_paths, tmp_path):
