@@ -1,7 +1,7 @@
 """Train the same GPT-2 under every parallelism strategy and compare them side by side.
 
     compare-parallelism --output_dir runs/demo/parallelism      # tiny model, 2 CPU processes
-    compare-parallelism --device cuda --num_processes 4 --global_batch_size 64 --max_steps 20 \\
+    compare-parallelism --device cuda --num_processes 4 --global_batch_size 16 --max_steps 20 \\
         --output_dir runs/parallelism_117m                      # GPT-2 117M on 4 GPUs
 
 Each strategy trains --max_steps steps of the same global batch (--global_batch_size blocks)
