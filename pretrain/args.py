@@ -227,12 +227,16 @@ class PretrainArguments(NamedTuple):
     training: TrainingArguments
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        """The resolved values, keyed by dataclass name (TrainingArguments hides secrets)."""
-        return {
-            type(arguments).__name__: (
-                arguments.to_dict()
-                if isinstance(arguments, TrainingArguments)
-                else dataclasses.asdict(arguments)
-            )
-            for arguments in self
-        }
+        return resolved_options(*self)
+
+
+def resolved_options(*argument_objects: Any) -> dict[str, dict[str, Any]]:
+    """The resolved values, keyed by dataclass name (TrainingArguments hides secrets)."""
+    return {
+        type(arguments).__name__: (
+            arguments.to_dict()
+            if isinstance(arguments, TrainingArguments)
+            else dataclasses.asdict(arguments)
+        )
+        for arguments in argument_objects
+    }

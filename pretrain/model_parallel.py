@@ -27,7 +27,6 @@ eager; no checkpoints, evaluation or TensorBoard.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import statistics
@@ -51,7 +50,7 @@ from common.corpus import CorpusArguments
 from common.files import write_json_atomic
 from common.run_contract import MODEL_PARALLEL_SUMMARY_FILE
 from common.system import hardware_description, library_versions
-from pretrain.args import DataArguments, ModelArguments
+from pretrain.args import DataArguments, ModelArguments, resolved_options
 from pretrain.data import BlockSchedule, load_blocks, load_tokenizer, prepare_blocks
 from pretrain.footprint import gather_footprints, rank_footprint
 from pretrain.launch import check_processes_joined
@@ -389,14 +388,9 @@ def train_model_parallel(
         "tied_weight_max_difference": tied_difference,
         "hardware": hardware_description(),
         "versions": library_versions(),
-        "config": {
-            type(arguments).__name__: (
-                arguments.to_dict()
-                if hasattr(arguments, "to_dict")
-                else dataclasses.asdict(arguments)
-            )
-            for arguments in (parallel_args, model_args, corpus_args, data_args, training_args)
-        },
+        "config": resolved_options(
+            parallel_args, model_args, corpus_args, data_args, training_args
+        ),
     }
 
 
