@@ -33,6 +33,7 @@ GPT_REQUIRED_KEYS = (
     "loss_below_threshold",
     "eval_loss",
     "perplexity",
+    "bits_per_byte",
     "max_steps",
     "global_batch_tokens",
     "num_parameters",

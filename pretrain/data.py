@@ -31,8 +31,9 @@ The rules, in the order they are applied:
 The cache folder's name is a hash of the corpus fingerprint, the tokenizer files' bytes, the
 block size, the split and budget settings and `PIPELINE_VERSION`; the folder is written under a
 temporary name and renamed when complete, so a build that was interrupted is never reused.
-`stats.json` inside it records the counts, the dropped remainders and the unigram entropy of the
-training stream in nats (the loss of the best model that ignores context).
+`stats.json` inside it records the counts (documents, tokens, bytes per split), the dropped
+remainders and the unigram entropy of the training stream in nats (the loss of the best model
+that ignores context).
 
 For training, `collate_blocks` makes Trainer's batches and `BlockSchedule` counts the optimizer
 steps of one pass over the training blocks and the tokens seen after each.
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Bump when the blocks made from the same inputs change, so older caches are not reused.
-PIPELINE_VERSION = 1
+PIPELINE_VERSION = 2
 STATS_FILE = "stats.json"
 CACHE_FOLDER_PREFIX = "blocks"
 SPLITS = ("train", "validation")
@@ -250,6 +251,8 @@ def build_blocks(
         data_args.split_seed,
     )
     token_is_validation = np.repeat(is_validation, document_lengths)
+    # Each document's bytes as a line of X.txt: its UTF-8 text and the newline that ends it.
+    document_bytes = np.fromiter((len(text.encode()) + 1 for text in documents), np.int64)
     streams = {
         "train": token_ids[~token_is_validation],
         "validation": token_ids[token_is_validation],
@@ -279,6 +282,7 @@ def build_blocks(
     seconds["save"] = time.perf_counter() - started
 
     vocab_size = len(tokenizer)
+    validation_blocks = split_blocks["validation"]
     split_stats = {}
     for split in SPLITS:
         blocks, num_dropped = packed[split]
@@ -287,12 +291,17 @@ def build_blocks(
         split_stats[split] = {
             "num_documents": num_documents,
             "num_tokens": len(streams[split]),
+            "num_bytes": int(document_bytes[is_validation == split_is_validation].sum()),
             "num_packed_blocks": len(blocks),
             "num_dropped_tokens": num_dropped,
             "num_blocks": len(split_blocks[split]),
             "passes_over_packed_blocks": len(split_blocks[split]) / len(blocks),
             "unigram_entropy_nats": unigram_entropy(streams[split], vocab_size),
         }
+    split_stats["validation"]["num_evaluated_tokens"] = validation_blocks[:, 1:].size
+    split_stats["validation"]["num_evaluated_bytes"] = count_predicted_bytes(
+        validation_blocks, tokenizer
+    )
     stats = {
         "pipeline_version": PIPELINE_VERSION,
         **context,
@@ -425,6 +434,22 @@ def select_training_blocks(num_blocks: int, num_selected: int, seed: int) -> np.
     num_passes = -(-num_selected // num_blocks)
     order = np.concatenate([rng.permutation(num_blocks) for _ in range(num_passes)])
     return order[:num_selected]
+
+
+def count_predicted_bytes(blocks: np.ndarray, tokenizer) -> int:
+    """UTF-8 bytes of the text a loss over `blocks` predicts: each block's tokens after its
+    first, an end-of-text counted as the newline that ends its document's line.
+
+    Bits per byte divide the validation loss by these. Only a character split by a block's
+    edge can decode differently from the raw text (as one replacement character).
+    """
+    predicted = blocks[:, 1:]
+    is_eos = predicted == tokenizer.eos_token_id
+    texts = tokenizer.backend_tokenizer.decode_batch(
+        [row[~eos].tolist() for row, eos in zip(predicted, is_eos, strict=True)],
+        skip_special_tokens=False,
+    )
+    return sum(len(text.encode()) for text in texts) + int(is_eos.sum())
 
 
 def unigram_entropy(token_ids: np.ndarray, vocab_size: int) -> float:

@@ -333,6 +333,7 @@ def summarise(
         final_loss_window=window,
         loss_threshold=args.report.loss_threshold,
         eval_loss=eval_loss,
+        validation_tokens_per_byte=validation_tokens_per_byte(plan.record.data),
         replica_checksums=replica_checksums(trainer),
     )
     parallelism = ParallelismRecord(
@@ -349,6 +350,15 @@ def summarise(
         outcome=outcome,
         parallelism=parallelism,
     )
+
+
+def validation_tokens_per_byte(data_stats: dict[str, Any]) -> float | None:
+    """Predicted tokens per byte of the validation text the loss is measured on (None without
+    validation blocks)."""
+    validation = data_stats["splits"]["validation"]
+    if not validation["num_evaluated_bytes"]:
+        return None
+    return validation["num_evaluated_tokens"] / validation["num_evaluated_bytes"]
 
 
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainArguments:

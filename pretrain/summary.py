@@ -70,6 +70,9 @@ class OutcomeRecord:
     final_loss_window: int
     loss_threshold: float
     eval_loss: float | None
+    # Validation tokens per byte of validation text (pretrain/data.py's stats): turns the loss
+    # per token, which depends on the vocabulary, into one per byte, which does not.
+    validation_tokens_per_byte: float | None
     replica_checksums: list[str] | None  # one per process; None when parameters are sharded
 
     @property
@@ -79,6 +82,10 @@ class OutcomeRecord:
     @property
     def perplexity(self) -> float | None:
         return perplexity(self.eval_loss)
+
+    @property
+    def bits_per_byte(self) -> float | None:
+        return bits_per_byte(self.eval_loss, self.validation_tokens_per_byte)
 
     @property
     def replicas_in_sync(self) -> bool | None:
@@ -115,6 +122,7 @@ class RunSummary:
             **dataclasses.asdict(self.outcome),
             "loss_below_threshold": self.outcome.loss_below_threshold,
             "perplexity": self.outcome.perplexity,
+            "bits_per_byte": self.outcome.bits_per_byte,
             "replicas_in_sync": self.outcome.replicas_in_sync,
             **dataclasses.asdict(self.plan),
             **dataclasses.asdict(self.setup),
@@ -132,7 +140,8 @@ class RunSummary:
         verdict = "below" if outcome.loss_below_threshold else "NOT below"
         return (
             f"final loss {_rounded(outcome.final_loss)} ({verdict} {outcome.loss_threshold:g}), "
-            f"eval loss {_rounded(outcome.eval_loss)}, "
+            f"eval loss {_rounded(outcome.eval_loss)} "
+            f"({_rounded(outcome.bits_per_byte)} bits/byte), "
             f"{self.loop.tokens_per_second or 0:,.0f} tokens/s"
         )
 
@@ -162,6 +171,13 @@ def perplexity(loss: float | None) -> float | None:
         return math.exp(loss)
     except OverflowError:
         return None
+
+
+def bits_per_byte(loss: float | None, tokens_per_byte: float | None) -> float | None:
+    """A loss in nats per token as bits per byte of the text: loss x tokens/byte / ln 2."""
+    if loss is None or tokens_per_byte is None:
+        return None
+    return loss * tokens_per_byte / math.log(2)
 
 
 def replica_checksums(trainer: Trainer) -> list[str] | None:

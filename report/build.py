@@ -115,6 +115,7 @@ GPT_ROWS = (
     Row("final loss below the threshold", "loss_below_threshold", format_pass_fail),
     Row("validation loss", "eval_loss"),
     Row("validation perplexity", "perplexity"),
+    Row("validation bits per byte", "bits_per_byte"),
     Row("optimizer steps planned", "max_steps"),
     Row("optimizer steps done", "global_step"),
     Row("processes", "num_processes"),

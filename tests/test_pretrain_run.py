@@ -8,6 +8,8 @@ import os
 import subprocess
 
 import pytest
+import torch
+from datasets import load_from_disk
 from pretrain_runs import (
     BLOCK_SIZE,
     TINY_CONFIG,
@@ -19,7 +21,7 @@ from pretrain_runs import (
     tiny_run_argv,
 )
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.cli import InputError
 from common.run_contract import (
@@ -107,6 +109,24 @@ def test_tiny_run_learns_and_writes_its_summary(tiny_run):
     assert summary["data"]["splits"]["train"]["num_blocks"] == NUM_BLOCKS
     assert {"cpu_count", "platform"} <= set(summary["hardware"])
     assert summary["versions"]["transformers"]
+
+
+def test_bits_per_byte_is_the_validation_text_s_nats_per_byte(tiny_run):
+    """Measured directly: the final model's summed loss over the validation blocks' predicted
+    tokens, over the bytes those tokens stand for, counted from the byte-level vocabulary (one
+    symbol per byte; end-of-text as the line's newline)."""
+    summary = read_summary(tiny_run)
+    model = AutoModelForCausalLM.from_pretrained(tiny_run / FINAL_MODEL_DIR).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_run / FINAL_MODEL_DIR)
+    blocks = load_from_disk(summary["data"]["cache_dir"])["validation"]["input_ids"]
+    input_ids = torch.tensor(blocks)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits[:, :-1]
+    targets = input_ids[:, 1:]
+    nats = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="sum")
+    tokens = tokenizer.convert_ids_to_tokens(targets.flatten().tolist())
+    num_bytes = sum(1 if token == tokenizer.eos_token else len(token) for token in tokens)
+    assert summary["bits_per_byte"] == pytest.approx(nats.item() / num_bytes / math.log(2))
 
 
 def test_tensorboard_events_land_in_the_run_folder(tiny_run):

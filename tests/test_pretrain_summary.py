@@ -46,6 +46,7 @@ def outcome(**changes) -> OutcomeRecord:
         "final_loss_window": 3,
         "loss_threshold": 7.0,
         "eval_loss": 5.5,
+        "validation_tokens_per_byte": 0.25,
         "replica_checksums": ["a", "a"],
         **changes,
     }
@@ -70,13 +71,16 @@ def test_summary_holds_every_part_and_the_required_keys(tmp_path):
     assert written["config"] == {"ModelArguments": {"model_preset": "tiny"}}
     assert written["loss_below_threshold"] is True and written["replicas_in_sync"] is True
     assert written["perplexity"] == math.exp(5.5)
+    assert written["bits_per_byte"] == 5.5 * 0.25 / math.log(2)
     assert written["parallelism"] == {
         "strategy": "fsdp2",
         "distributed_type": "FSDP",
         "num_processes": 2,
         "ranks": RANKS,
     }
-    assert summary.headline() == "final loss 5.000 (below 7), eval loss 5.500, 768 tokens/s"
+    assert summary.headline() == (
+        "final loss 5.000 (below 7), eval loss 5.500 (1.984 bits/byte), 768 tokens/s"
+    )
 
 
 def test_judgements_of_the_outcome():
@@ -88,7 +92,8 @@ def test_judgements_of_the_outcome():
     no_losses = RunSummary(
         3.0, PLAN, SETUP, LOOP, outcome(final_loss=None, eval_loss=None), PARALLELISM
     )
-    assert no_losses.headline().startswith("final loss n/a (NOT below 7), eval loss n/a")
+    assert no_losses.headline().startswith("final loss n/a (NOT below 7), eval loss n/a (n/a")
+    assert outcome(validation_tokens_per_byte=None).bits_per_byte is None
 
 
 def test_final_loss_is_the_mean_of_the_last_logged_losses():
