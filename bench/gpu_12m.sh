@@ -98,7 +98,7 @@ else
 fi
 stage tokenizer "$PYTHON" -m tokenizer.train --corpus "$CORPUS_PATH" \
   --output_dir "$OUTPUT_DIR/tokenizer" --vocab_size "$VOCAB_SIZE" --overwrite
-stage blocks "$PYTHON" -m pretrain.prepare --corpus "$CORPUS_PATH" \
+stage blocks "$PYTHON" -m pretrain.blocks.prepare --corpus "$CORPUS_PATH" \
   --tokenizer_dir "$OUTPUT_DIR/tokenizer" --cache_dir "$OUTPUT_DIR/cache" \
   --max_train_tokens "$TRAIN_TOKENS" --repeat_corpus
 DRY_RUN_FLAG=()

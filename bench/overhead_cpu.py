@@ -45,8 +45,10 @@ from common.cli import entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.demo_corpus import write_demo_corpus
 from common.run_contract import GPT_SUMMARY_FILE
+from common.tokenization import load_tokenizer
 from pretrain import run as pretrain_run
-from pretrain.data import collate_blocks, load_blocks, load_tokenizer, prepare_blocks
+from pretrain.batches import collate_blocks
+from pretrain.blocks.packing import load_blocks, prepare_blocks
 from pretrain.loss import use_chunked_loss
 from pretrain.model import build_model, build_model_config
 from tokenizer.train import TokenizerArguments, train_tokenizer

@@ -13,10 +13,8 @@ two smaller WoS subsets are contained in WOS46985, so reading several would coun
 twice). A UTF-8 byte-order mark and CRLF line ends are accepted. Invalid UTF-8 is an error
 naming the file and line unless `replace_invalid_utf8` is set.
 
-Labels (`read_labelled_documents`): the label files beside one `X.txt` (`Y.txt`, `YL1.txt`,
-`YL2.txt`, one integer per line, line-aligned with the texts) are read from the same zip or
-folder, and the names of the classes from `Meta-data/Data.xlsx` when it is there
-(`read_wos_label_names`).
+`TextSource.locate` finds a file beside a text (in the same zip or folder): the probe reads the
+Web of Science labels that way (probe/labels.py).
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ import logging
 import os
 import posixpath
 import zipfile
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,14 +38,6 @@ from common.cli import InputError
 logger = logging.getLogger(__name__)
 
 WOS_TEXT_FILE = "X.txt"
-# Label files beside X.txt: the flat label (one id per area), the domain, and the area's index
-# within its domain (not a global id).
-WOS_LABEL_FILE = "Y.txt"
-WOS_DOMAIN_FILE = "YL1.txt"
-WOS_AREA_IN_DOMAIN_FILE = "YL2.txt"
-# The class names, relative to the subset folder (WOS46985/X.txt -> Meta-data/Data.xlsx).
-WOS_METADATA_PATH = "../Meta-data/Data.xlsx"
-WOS_METADATA_COLUMNS = ("Y1", "Y2", "Y", "Domain", "area")
 # Bump when the reader's output for the same input changes, so fingerprint-keyed caches expire.
 READER_VERSION = 1
 GLOB_CHARS = frozenset("*?[")
@@ -95,39 +84,18 @@ class CorpusStats:
     sources: list[str] = field(default_factory=list)
 
 
-@dataclass
-class LabelledDocuments:
-    """Documents and their integer labels, one per document in each label file's list."""
-
-    texts: list[str]
-    labels: dict[str, list[int]]  # label file name ("YL1.txt") -> one label per text
-    stats: CorpusStats
-    # Later copies of a text are dropped with their labels; these had labels of their own.
-    num_duplicates_with_other_labels: int = 0
-
-
-@dataclass
-class WosLabelNames:
-    """Class names from Data.xlsx, stripped of their padding."""
-
-    source: str
-    domains: dict[int, str]  # YL1 -> domain
-    areas: dict[tuple[int, int], str]  # (YL1, YL2) -> area
-    labels: dict[int, str]  # Y -> area
-
-
 @dataclass(frozen=True)
-class _Source:
+class TextSource:
     """One file to read: a label for messages, a way to open its raw bytes, and a way to find
     a file beside it (a path relative to its folder; None when there is no such file)."""
 
     label: str
     is_jsonl: bool
     open_binary: Callable[[], AbstractContextManager[IO[bytes]]]
-    locate: Callable[[str], _Source | None]
+    locate: Callable[[str], TextSource | None]
 
 
-class _DocumentCleaner:
+class DocumentCleaner:
     """Strips texts and turns empty lines and repeated texts into None, counting both."""
 
     def __init__(self, stats: CorpusStats) -> None:
@@ -186,20 +154,20 @@ def corpus_fingerprint(args: CorpusArguments) -> str:
 
 
 def _generate_documents(
-    sources: list[_Source], args: CorpusArguments, stats: CorpusStats, log: bool
+    sources: list[TextSource], args: CorpusArguments, stats: CorpusStats, log: bool
 ) -> Iterator[str]:
-    cleaner = _DocumentCleaner(stats)
+    cleaner = DocumentCleaner(stats)
     for source in sources:
         if log:
             logger.info("reading %s", source.label)
-        for text in _iter_source_texts(source, args):
+        for text in iter_source_texts(source, args):
             text = cleaner.clean(text)
             if text is not None:
                 yield text
-    _check_and_log_counts(stats, log)
+    check_and_log_counts(stats, log)
 
 
-def _check_and_log_counts(stats: CorpusStats, log: bool = True) -> None:
+def check_and_log_counts(stats: CorpusStats, log: bool = True) -> None:
     if stats.num_documents == 0:
         raise InputError(
             f"the corpus {', '.join(stats.sources)} holds no non-empty documents; "
@@ -215,161 +183,7 @@ def _check_and_log_counts(stats: CorpusStats, log: bool = True) -> None:
         )
 
 
-def read_labelled_documents(args: CorpusArguments, label_files: Sequence[str]) -> LabelledDocuments:
-    """The documents of one `X.txt` with the labels of each of `label_files` beside it.
-
-    Texts are cleaned as `iter_documents` cleans them; an empty or repeated text is dropped
-    together with its labels. Raises InputError for more than one input, a .jsonl input, a
-    missing label file, a label that is not an integer, or a label file whose line count is
-    not the text's.
-    """
-    sources = resolve_sources(args)
-    if len(sources) != 1 or sources[0].is_jsonl:
-        listing = ", ".join(source.label for source in sources)
-        raise InputError(
-            f"labels need one X.txt with its label files beside it, got {listing}; pass one "
-            "WebOfScience.zip, WoS folder or X.txt (choose the subset with --subset)"
-        )
-    (source,) = sources
-    raw_texts = list(_iter_source_texts(source, args))
-    _drop_trailing_blank_lines(raw_texts)
-    raw_labels = {name: _read_label_file(source, name, args) for name in label_files}
-    for name, values in raw_labels.items():
-        if len(values) != len(raw_texts):
-            raise InputError(
-                f"{name} beside {source.label} has {len(values):,} labels but the texts have "
-                f"{len(raw_texts):,} lines; the files must be line-aligned (one label per text)"
-            )
-    stats = CorpusStats(sources=[source.label])
-    cleaner = _DocumentCleaner(stats)
-    first_labels: dict[str, tuple[int, ...]] = {}
-    documents = LabelledDocuments(texts=[], labels={name: [] for name in label_files}, stats=stats)
-    for line_index, raw_text in enumerate(raw_texts):
-        line_labels = tuple(raw_labels[name][line_index] for name in label_files)
-        text = cleaner.clean(raw_text)
-        if text is None:
-            stripped = raw_text.strip()
-            if stripped and first_labels[stripped] != line_labels:
-                documents.num_duplicates_with_other_labels += 1
-            continue
-        first_labels[text] = line_labels
-        documents.texts.append(text)
-        for name, label in zip(label_files, line_labels, strict=True):
-            documents.labels[name].append(label)
-    _check_and_log_counts(stats)
-    if documents.num_duplicates_with_other_labels:
-        logger.warning(
-            "%d repeated texts had labels other than their first copy's; the first copy's "
-            "labels are kept",
-            documents.num_duplicates_with_other_labels,
-        )
-    return documents
-
-
-def _drop_trailing_blank_lines(lines: list[str]) -> None:
-    while lines and not lines[-1].strip():
-        lines.pop()
-
-
-def _read_label_file(text_source: _Source, name: str, args: CorpusArguments) -> list[int]:
-    source = text_source.locate(name)
-    if source is None:
-        raise InputError(
-            f"no {name} beside {text_source.label}; labels come from the Web of Science "
-            f"layout ({WOS_TEXT_FILE}, {WOS_LABEL_FILE}, {WOS_DOMAIN_FILE}, "
-            f"{WOS_AREA_IN_DOMAIN_FILE} in one folder)"
-        )
-    lines = list(_iter_source_texts(source, args))
-    _drop_trailing_blank_lines(lines)
-    labels = []
-    for line_number, line in enumerate(lines, start=1):
-        try:
-            labels.append(int(line.strip()))
-        except ValueError:
-            raise InputError(
-                f"{source.label} line {line_number}: {line.strip()[:40]!r} is not an integer "
-                "label; each line must hold one integer"
-            ) from None
-    return labels
-
-
-def read_wos_label_names(
-    args: CorpusArguments, names_file: str | None = None
-) -> WosLabelNames | None:
-    """Class names from `names_file`, or from `Meta-data/Data.xlsx` beside the subset folder
-    of the corpus; None when no file is given and none is there. Raises InputError for a file
-    that is missing, not a spreadsheet, or without the columns Y1 Y2 Y Domain area."""
-    if names_file is not None:
-        path = Path(names_file)
-        if not path.is_file():
-            raise InputError(f"label names file {path} does not exist; pass Data.xlsx")
-        source = _file_source(path)
-    else:
-        sources = resolve_sources(args)
-        source = sources[0].locate(WOS_METADATA_PATH) if len(sources) == 1 else None
-        if source is None:
-            return None
-    with source.open_binary() as handle:
-        data = handle.read()
-    return _parse_label_names(data, source.label)
-
-
-def _parse_label_names(data: bytes, label: str) -> WosLabelNames:
-    import openpyxl
-
-    try:
-        workbook = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
-    except Exception as err:  # noqa: BLE001 (a damaged file raises zip, XML or key errors)
-        raise InputError(
-            f"{label} cannot be read as a spreadsheet ({type(err).__name__}: {err}); "
-            "pass the Data.xlsx of the download with --label_names_file"
-        ) from None
-    try:
-        rows = workbook.worksheets[0].iter_rows(values_only=True)
-        header = [str(cell).strip() if cell is not None else "" for cell in next(rows, ())]
-        missing = [column for column in WOS_METADATA_COLUMNS if column not in header]
-        if missing:
-            raise InputError(
-                f"{label} has no column {', '.join(missing)} (its columns: {', '.join(header)}); "
-                f"expected the WoS Data.xlsx with {' '.join(WOS_METADATA_COLUMNS)}"
-            )
-        columns = [header.index(column) for column in WOS_METADATA_COLUMNS]
-        domains: dict[int, Counter[str]] = {}
-        areas: dict[tuple[int, int], Counter[str]] = {}
-        labels: dict[int, Counter[str]] = {}
-        for row_number, row in enumerate(rows, start=2):
-            values = [row[column] if column < len(row) else None for column in columns]
-            if all(value is None for value in values):
-                continue
-            try:
-                domain_id, area_id, label_id = (int(str(value).strip()) for value in values[:3])
-            except ValueError:
-                raise InputError(
-                    f"{label} row {row_number}: Y1, Y2 and Y must be integers, got {values[:3]}"
-                ) from None
-            domain, area = (str(value).strip() for value in values[3:])
-            domains.setdefault(domain_id, Counter())[domain] += 1
-            areas.setdefault((domain_id, area_id), Counter())[area] += 1
-            labels.setdefault(label_id, Counter())[area] += 1
-    finally:
-        workbook.close()
-    num_ambiguous = sum(
-        len(names) > 1 for table in (domains, areas, labels) for names in table.values()
-    )
-    if num_ambiguous:
-        logger.warning(
-            "%s gives %d ids more than one name; each id keeps its most frequent name",
-            label,
-            num_ambiguous,
-        )
-
-    def most_frequent(table: dict) -> dict:
-        return {key: names.most_common(1)[0][0] for key, names in table.items()}
-
-    return WosLabelNames(label, most_frequent(domains), most_frequent(areas), most_frequent(labels))
-
-
-def _iter_source_texts(source: _Source, args: CorpusArguments) -> Iterator[str]:
+def iter_source_texts(source: TextSource, args: CorpusArguments) -> Iterator[str]:
     errors = "replace" if args.replace_invalid_utf8 else "strict"
     with source.open_binary() as handle:
         # Binary iteration splits on b"\n" only (str.splitlines would also split on form feeds
@@ -404,13 +218,13 @@ def _jsonl_text(line: str, label: str, line_number: int, text_field: str) -> str
     return record[text_field]
 
 
-def resolve_sources(args: CorpusArguments) -> list[_Source]:
+def resolve_sources(args: CorpusArguments) -> list[TextSource]:
     """Expand globs, folders and zips into the list of files to read, in a fixed order."""
     # A config file (or a caller) may give one path as a plain string.
     entries = [args.corpus] if isinstance(args.corpus, str) else list(args.corpus)
     if not entries:
         raise InputError("no corpus given; pass --corpus PATH [PATH ...]")
-    sources: list[_Source] = []
+    sources: list[TextSource] = []
     for entry in entries:
         if GLOB_CHARS & set(entry):
             matches = sorted(glob.glob(entry, recursive=True))
@@ -424,22 +238,22 @@ def resolve_sources(args: CorpusArguments) -> list[_Source]:
     return sources
 
 
-def _sources_for_path(path: Path, args: CorpusArguments) -> list[_Source]:
+def _sources_for_path(path: Path, args: CorpusArguments) -> list[TextSource]:
     if not path.exists():
         raise InputError(f"corpus path {path} does not exist")
     if path.is_dir():
-        return [_file_source(_find_wos_text_in_folder(path, args.subset))]
+        return [file_source(_find_wos_text_in_folder(path, args.subset))]
     if zipfile.is_zipfile(path):
         return [_zip_source(path, args.subset)]
-    return [_file_source(path)]
+    return [file_source(path)]
 
 
-def _file_source(path: Path) -> _Source:
-    def locate(relative: str) -> _Source | None:
+def file_source(path: Path) -> TextSource:
+    def locate(relative: str) -> TextSource | None:
         beside = Path(os.path.normpath(path.parent / relative))
-        return _file_source(beside) if beside.is_file() else None
+        return file_source(beside) if beside.is_file() else None
 
-    return _Source(
+    return TextSource(
         label=str(path),
         is_jsonl=path.suffix == ".jsonl",
         open_binary=lambda: path.open("rb"),
@@ -472,7 +286,7 @@ def _find_wos_text_in_folder(folder: Path, subset: str) -> Path:
     )
 
 
-def _zip_source(path: Path, subset: str) -> _Source:
+def _zip_source(path: Path, subset: str) -> TextSource:
     """The subset's X.txt in a WoS zip, looking one zip level deeper for the wrapped download."""
     with zipfile.ZipFile(path) as archive:
         member = _find_wos_member(archive, subset, str(path))
@@ -515,14 +329,14 @@ def _find_wos_member(archive: zipfile.ZipFile, subset: str, label: str) -> str |
     )
 
 
-def _zip_member_source(path: Path, member: str) -> _Source:
-    def locate(relative: str) -> _Source | None:
+def _zip_member_source(path: Path, member: str) -> TextSource:
+    def locate(relative: str) -> TextSource | None:
         beside = _member_beside(member, relative)
         with zipfile.ZipFile(path) as archive:
             found = beside in archive.namelist()
         return _zip_member_source(path, beside) if found else None
 
-    return _Source(
+    return TextSource(
         label=f"{path}!{member}",
         is_jsonl=False,
         open_binary=lambda: _open_member(path, member),
@@ -530,8 +344,8 @@ def _zip_member_source(path: Path, member: str) -> _Source:
     )
 
 
-def _nested_member_source(path: Path, inner_name: str, member: str) -> _Source:
-    def locate(relative: str) -> _Source | None:
+def _nested_member_source(path: Path, inner_name: str, member: str) -> TextSource:
+    def locate(relative: str) -> TextSource | None:
         beside = _member_beside(member, relative)
         with zipfile.ZipFile(path) as outer:
             inner_bytes = outer.read(inner_name)
@@ -539,7 +353,7 @@ def _nested_member_source(path: Path, inner_name: str, member: str) -> _Source:
             found = beside in inner.namelist()
         return _nested_member_source(path, inner_name, beside) if found else None
 
-    return _Source(
+    return TextSource(
         label=f"{path}!{inner_name}!{member}",
         is_jsonl=False,
         open_binary=lambda: _open_nested_member(path, inner_name, member),

@@ -2,7 +2,7 @@
 
 `pretrain/run.py` takes `ModelArguments`, `common.corpus.CorpusArguments` (which text),
 `DataArguments`, `ReportArguments` and transformers' `TrainingArguments` (optimisation,
-precision flags, checkpoints, output folder); `python -m pretrain.prepare` takes
+precision flags, checkpoints, output folder); `prepare-blocks` takes
 `CorpusArguments` and `DataArguments`; `python -m pretrain.generate` takes
 `GenerateArguments`. Each dataclass checks its own values when it is created and raises
 `InputError` (one line: what, and how to fix it), so a bad value stops the program before
@@ -19,8 +19,9 @@ from transformers import TrainingArguments
 
 from common.cli import InputError
 from common.corpus import CorpusArguments
+from pretrain.blocks.args import DataArguments
 from pretrain.loss import LOSS_IMPLEMENTATIONS
-from pretrain.model import PRESETS, check_block_size
+from pretrain.model import PRESETS
 
 
 @dataclass
@@ -77,86 +78,6 @@ class ModelArguments:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise InputError(f"--dropout {self.dropout} must be in [0, 1), e.g. 0.1")
-
-
-@dataclass
-class DataArguments:
-    """Which tokenizer, how long the blocks are, how the corpus is split and budgeted."""
-
-    tokenizer_dir: str = field(
-        metadata={
-            "help": "Tokenizer folder (from train-tokenizer, or any saved Hugging Face fast "
-            "tokenizer with an eos token, e.g. GPT-2's)."
-        }
-    )
-    cache_dir: str = field(
-        default="data/cache",
-        metadata={"help": "Folder that holds the packed-block caches, one subfolder per input."},
-    )
-    block_size: int = field(
-        default=1024, metadata={"help": "Tokens per training example (the context length)."}
-    )
-    n_positions: int = field(
-        default=1024,
-        metadata={
-            "help": "Position embeddings of the model the blocks are for (GPT-2: 1024); a "
-            "--block_size above it is refused. pretrain/run.py checks against its model preset."
-        },
-    )
-    validation_fraction: float = field(
-        default=0.005,
-        metadata={
-            "help": "Share of documents held out for validation (at least enough for one block)."
-        },
-    )
-    max_train_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Token budget: keep exactly ceil(max_train_tokens / block_size) training "
-            "blocks, a seeded random sample of the corpus (default: all blocks)."
-        },
-    )
-    repeat_corpus: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow a corpus smaller than --max_train_tokens: repeat it (reshuffled each "
-            "pass) to fill the budget. Without it a too-small corpus is an error."
-        },
-    )
-    num_proc: int | None = field(
-        default=None,
-        metadata={
-            "help": "Processes for tokenization (default: one process; the tokenizer itself "
-            "already uses every core). The blocks do not depend on it."
-        },
-    )
-    map_batch_size: int = field(
-        default=1000,
-        metadata={"help": "Documents per tokenization batch. The blocks do not depend on it."},
-    )
-    split_seed: int = field(
-        default=0,
-        metadata={
-            "help": "Seed of the document hash that picks the validation split and of the "
-            "shuffle that picks the budget's training blocks."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.block_size < 2:
-            raise InputError(f"--block_size {self.block_size} is too small; pass at least 2")
-        check_block_size(self.block_size, self.n_positions, "the model (--n_positions)")
-        if not 0.0 < self.validation_fraction < 1.0:
-            raise InputError(
-                f"--validation_fraction {self.validation_fraction} must be between 0 and 1 "
-                "(exclusive), e.g. 0.005"
-            )
-        if self.max_train_tokens is not None and self.max_train_tokens < 1:
-            raise InputError(f"--max_train_tokens {self.max_train_tokens} must be at least 1")
-        if self.num_proc is not None and self.num_proc < 1:
-            raise InputError(f"--num_proc {self.num_proc} must be at least 1")
-        if self.map_batch_size < 1:
-            raise InputError(f"--map_batch_size {self.map_batch_size} must be at least 1")
 
 
 @dataclass

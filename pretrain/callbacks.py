@@ -20,7 +20,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.integrations import TensorBoardCallback
 
 from common.run_contract import MFU, TOKENS_PER_SECOND
-from pretrain.data import BlockSchedule
+from pretrain.batches import BlockSchedule
 from pretrain.footprint import gather_footprints, rank_footprint
 from pretrain.gpu import GpuSampler, peak_memory_gib, write_nvidia_smi_snapshot
 from pretrain.summary import LoopRecord

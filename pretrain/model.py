@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
 
 from common.cli import InputError
+from pretrain.blocks.args import check_block_size
 
 logger = logging.getLogger(__name__)
 
@@ -43,15 +44,6 @@ PRESETS: dict[str, ModelPreset] = {
 def round_vocab_size(num_tokens: int, multiple: int = VOCAB_MULTIPLE) -> int:
     """Smallest multiple of `multiple` that holds `num_tokens` token ids."""
     return math.ceil(num_tokens / multiple) * multiple
-
-
-def check_block_size(block_size: int, n_positions: int, model: str) -> None:
-    """Refuse blocks longer than the model's position embeddings (`model` names its source)."""
-    if block_size > n_positions:
-        raise InputError(
-            f"--block_size {block_size} is longer than the {n_positions} positions of {model}; "
-            f"pass --block_size {n_positions} or less"
-        )
 
 
 def build_model_config(

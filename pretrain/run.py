@@ -30,7 +30,11 @@ from transformers import GPT2Config, PreTrainedTokenizerBase, Trainer, TrainingA
 from common.cli import InputError, entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, NVIDIA_SMI_FILE, TENSORBOARD_DIR
-from pretrain.args import DataArguments, ModelArguments, PretrainArguments, ReportArguments
+from common.tokenization import load_tokenizer
+from pretrain.args import ModelArguments, PretrainArguments, ReportArguments
+from pretrain.batches import BlockSchedule, collate_blocks, global_batch_blocks
+from pretrain.blocks.args import DataArguments
+from pretrain.blocks.packing import load_blocks, prepare_blocks, read_stats
 from pretrain.callbacks import (
     CheckpointOnSignalCallback,
     FootprintCallback,
@@ -39,17 +43,12 @@ from pretrain.callbacks import (
     find_tensorboard_callback,
 )
 from pretrain.checkpoints import checkpoint_global_step, resolve_resume_checkpoint, save_final_model
-from pretrain.data import (
-    BlockSchedule,
-    collate_blocks,
-    global_batch_blocks,
-    load_blocks,
-    load_tokenizer,
-    prepare_blocks,
-    read_stats,
-)
 from pretrain.gpu import accelerator_name, peak_flops_per_second
-from pretrain.launch import (
+from pretrain.library_fixes import apply_library_fixes
+from pretrain.loss import use_chunked_loss
+from pretrain.model import build_model, build_model_config, count_parameters, flops_per_token
+from pretrain.precision import PrecisionChoice, resolve_precision
+from pretrain.strategy import (
     Request,
     Strategy,
     check_processes_joined,
@@ -57,10 +56,6 @@ from pretrain.launch import (
     check_strategy,
     requested_strategy,
 )
-from pretrain.library_fixes import apply_library_fixes
-from pretrain.loss import use_chunked_loss
-from pretrain.model import build_model, build_model_config, count_parameters, flops_per_token
-from pretrain.precision import PrecisionChoice, resolve_precision
 from pretrain.summary import (
     OutcomeRecord,
     ParallelismRecord,

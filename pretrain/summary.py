@@ -70,7 +70,7 @@ class OutcomeRecord:
     final_loss_window: int
     loss_threshold: float
     eval_loss: float | None
-    # Validation tokens per byte of validation text (pretrain/data.py's stats): turns the loss
+    # Validation tokens per byte of validation text (the packed blocks' stats): turns the loss
     # per token, which depends on the vocabulary, into one per byte, which does not.
     validation_tokens_per_byte: float | None
     replica_checksums: list[str] | None  # one per process; None when parameters are sharded
@@ -98,7 +98,7 @@ class OutcomeRecord:
 class ParallelismRecord:
     """How the model was spread over the processes, and what each of them held at the end."""
 
-    strategy: str  # pretrain.launch.Strategy.name: "single", "ddp", "fsdp2", "zero2", ...
+    strategy: str  # pretrain.strategy.Strategy.name: "single", "ddp", "fsdp2", "zero2", ...
     distributed_type: str  # accelerate's, as checked against the request before training
     num_processes: int
     ranks: list[dict[str, Any]]  # pretrain.footprint records, in rank order

@@ -2,7 +2,7 @@
 
 Rules, in the order they are applied:
 
-1. Texts and labels come from the shared reader (`common.corpus.read_labelled_documents`):
+1. Texts and labels come from the shared reader (`probe.labels.read_labelled_documents`):
    one `X.txt` with its label files, cleaned and de-duplicated as for pretraining.
 2. Classes: the distinct labels of the chosen level in sorted order, numbered from 0; names
    from Data.xlsx where it has them, the label numbers otherwise.
@@ -13,7 +13,7 @@ Rules, in the order they are applied:
    of one document is training only), or all its pretraining-validation documents if there
    are more, are the test split. A document's side depends on its text, its class and the
    seed, not on the corpus order.
-4. Tokens: the pretraining tokenization (`pretrain.data.tokenize_documents`, end-of-text
+4. Tokens: the pretraining tokenization (`common.tokenization.tokenize_documents`, end-of-text
    after each document); a document longer than `max_length` keeps its first
    `max_length - 1` tokens and its end-of-text, whose position the classifier reads.
 """
@@ -28,15 +28,15 @@ import datasets
 import numpy as np
 
 from common.cli import InputError
-from common.corpus import (
+from common.corpus import CorpusArguments
+from common.tokenization import tokenize_documents
+from probe.labels import (
     WOS_AREA_IN_DOMAIN_FILE,
     WOS_DOMAIN_FILE,
     WOS_LABEL_FILE,
-    CorpusArguments,
     read_labelled_documents,
     read_wos_label_names,
 )
-from pretrain.data import tokenize_documents
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Which probe documents the pretraining run read, and whether that leaks into the probe.
 
-Pretraining splits its corpus by document (`pretrain.data.choose_validation_documents`: a
+Pretraining splits its corpus by document (`pretrain.blocks.packing.choose_validation_documents`: a
 keyed hash of each text, the validation fraction, at least one block). The run folder's
 `run_summary.json` records the corpus inputs, their fingerprint, the split settings and the
 number of validation documents, so the split can be redone: read the same corpus again (its
@@ -26,7 +26,8 @@ import numpy as np
 from common.cli import InputError
 from common.corpus import CorpusArguments, corpus_fingerprint, iter_documents
 from common.run_contract import GPT_SUMMARY_FILE
-from pretrain.data import choose_validation_documents, tokenize_documents
+from common.tokenization import tokenize_documents
+from pretrain.blocks.packing import choose_validation_documents
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from common.run_contract import (
     PROBE_VERSION,
 )
 from common.system import hardware_description, library_versions
-from pretrain.data import load_tokenizer
+from common.tokenization import load_tokenizer
 from probe.args import ProbeArguments, ProbeCommand, ProbeTrainingArguments
 from probe.baselines import tfidf_logistic_regression
 from probe.classifier import build_classifier, fine_tune_and_predict, load_model_config

@@ -4,18 +4,20 @@
 as the download has them: YL2 numbers the areas within their domain, Y numbers all areas, and
 the names in Data.xlsx carry padding spaces. `python_reference_documents` labels real English
 paragraphs (the Python language reference, as in the demo corpus) by the topic of their page.
+`zip_folder` zips a layout as the download is zipped; `write_bytes` writes one raw file.
 """
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
-from common.corpus import (
+from common.corpus import WOS_TEXT_FILE
+from probe.labels import (
     WOS_AREA_IN_DOMAIN_FILE,
     WOS_DOMAIN_FILE,
     WOS_LABEL_FILE,
     WOS_METADATA_COLUMNS,
-    WOS_TEXT_FILE,
 )
 
 # (domain, area) -> the pages of the Python language reference whose paragraphs it holds.
@@ -96,4 +98,22 @@ def write_data_xlsx(
         sheet.append(list(row))
     path.parent.mkdir(parents=True, exist_ok=True)
     workbook.save(path)
+    return path
+
+
+def zip_folder(folder: Path, zip_path: Path, prefix: str = "") -> Path:
+    """Zip like the real download: WOS*/X.txt (and other files) at the root, optional prefix;
+    a placeholder Meta-data/Data.xlsx when the folder has none."""
+    with zipfile.ZipFile(zip_path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                archive.write(path, prefix + path.relative_to(folder).as_posix())
+        if not (folder / "Meta-data" / "Data.xlsx").is_file():
+            archive.writestr(prefix + "Meta-data/Data.xlsx", b"not a real spreadsheet")
+    return zip_path
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
     return path

@@ -198,7 +198,7 @@ def test_command_with_a_typo_prints_one_line_with_a_suggestion(command):
 ENTRY_MODULES = [
     "common.demo_corpus",
     "tokenizer.train",
-    "pretrain.prepare",
+    "pretrain.blocks.prepare",
     "pretrain.run",
     "pretrain.generate",
     "mnist.train",

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 from common.cli import InputError
-from pretrain.data import collate_blocks
+from pretrain.batches import collate_blocks
 from pretrain.model import (
     PRESETS,
     build_model,

@@ -1,4 +1,4 @@
-"""Helpers for the tensor- and pipeline-parallel tests: tiny runs of pretrain.model_parallel,
+"""Helpers for the tensor- and pipeline-parallel tests: tiny runs of pretrain.parallel.train,
 the one-process reference in-process, the parallel ones under torchrun."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from pretrain_runs import BLOCK_SIZE, REPO_ROOT, TINY_CONFIG, subprocess_env
 
 from common.run_contract import MODEL_PARALLEL_SUMMARY_FILE
-from pretrain.model_parallel import main
+from pretrain.parallel.train import main
 
 BATCH_BLOCKS = 4
 NUM_STEPS = 8
@@ -52,11 +52,11 @@ def single_reference(data_paths: dict, tmp_path_factory) -> dict:
 
 
 def launch_model_parallel(argv: list[str]) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node 2 -m pretrain.model_parallel ARGV` on CPU."""
+    """`torchrun --standalone --nproc_per_node 2 -m pretrain.parallel.train ARGV` on CPU."""
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nproc_per_node", str(NUM_PROCESSES),
-        "-m", "pretrain.model_parallel", *argv,
+        "-m", "pretrain.parallel.train", *argv,
     ]  # fmt: skip
     return subprocess.run(
         command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_parallel_runs import (
+from parallel_runs import (
     NUM_PROCESSES,
     NUM_STEPS,
     launch_model_parallel,
@@ -19,16 +19,16 @@ from transformers import GPT2LMHeadModel
 from transformers.pytorch_utils import Conv1D
 
 from common.cli import InputError
-from pretrain.data import load_tokenizer
+from common.tokenization import load_tokenizer
 from pretrain.footprint import parameter_bytes
 from pretrain.model import build_model_config
-from pretrain.model_parallel import main
-from pretrain.tensor_parallel import (
+from pretrain.parallel.tensor import (
     check_tensor_parallel_size,
     clip_grad_norm_,
     conv1d_to_linear,
     group_qkv_by_rank,
 )
+from pretrain.parallel.train import main
 
 # What GPT2_TP_PLAN leaves whole on every rank; every other parameter is split in two.
 REPLICATED_PARAMETERS = ("wpe.", ".ln_", "c_proj.bias")

@@ -1,18 +1,18 @@
-"""`python -m pretrain.prepare`: tokenize and pack the corpus into cached blocks, print the folder.
+"""`prepare-blocks`: tokenize and pack the corpus into cached blocks, print the folder.
 
-    python -m pretrain.prepare --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer \\
+    prepare-blocks --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer \\
         --cache_dir data/cache --max_train_tokens 12000000
 
-A second run with the same inputs prints the same folder within seconds (see pretrain/data.py
-for the packing, split and budget rules).
+A second run with the same inputs prints the same folder within seconds (see
+pretrain/blocks/packing.py for the packing, split and budget rules).
 """
 
 from __future__ import annotations
 
 from common.cli import entry_point, parse_args
 from common.corpus import CorpusArguments
-from pretrain.args import DataArguments
-from pretrain.data import prepare_blocks
+from pretrain.blocks.args import DataArguments
+from pretrain.blocks.packing import prepare_blocks
 
 
 @entry_point
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         [CorpusArguments, DataArguments],
         argv,
         description=__doc__,
-        prog="python -m pretrain.prepare",
+        prog="prepare-blocks",
     )
     print(prepare_blocks(corpus_args, data_args))
     return 0

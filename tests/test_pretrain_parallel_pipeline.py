@@ -4,7 +4,7 @@ either schedule, and the two copies of the tied embedding stay equal."""
 from __future__ import annotations
 
 import pytest
-from model_parallel_runs import (
+from parallel_runs import (
     BATCH_BLOCKS,
     NUM_PROCESSES,
     NUM_STEPS,
@@ -17,11 +17,11 @@ from pretrain_runs import BLOCK_SIZE, shared_data_paths
 from transformers import GPT2LMHeadModel
 
 from common.cli import InputError
-from pretrain.data import load_tokenizer
+from common.tokenization import load_tokenizer
 from pretrain.footprint import parameter_bytes
 from pretrain.model import build_model_config
-from pretrain.model_parallel import ParallelArguments
-from pretrain.pipeline_parallel import check_pipeline_arguments, stage_layers
+from pretrain.parallel.pipeline import check_pipeline_arguments, stage_layers
+from pretrain.parallel.train import ParallelArguments
 
 NUM_MICROBATCHES = 4
 

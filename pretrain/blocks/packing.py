@@ -1,6 +1,6 @@
 """Tokenize the corpus once and pack it into fixed-length blocks of token ids, cached as Arrow.
 
-    python -m pretrain.prepare --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer \\
+    prepare-blocks --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer \\
         --max_train_tokens 12000000
 
 The rules, in the order they are applied:
@@ -43,31 +43,27 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging
 import math
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import torch
-from tokenizers import Tokenizer
 
 from common.cli import InputError
 from common.corpus import CorpusArguments, CorpusStats, corpus_fingerprint, iter_documents
 from common.files import atomic_dir, write_json_atomic
 from common.system import library_versions
-from pretrain.args import DataArguments
+from common.tokenization import load_tokenizer, tokenize_documents
+from pretrain.blocks.args import DataArguments
 
 if TYPE_CHECKING:
-    from transformers import TrainingArguments
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +136,7 @@ def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
     if not (cache_dir / STATS_FILE).is_file():
         raise InputError(
             f"{cache_dir} is not a packed-block cache (no {STATS_FILE}); "
-            "make one with `python -m pretrain.prepare`"
+            "make one with `prepare-blocks`"
         )
     blocks = datasets.load_from_disk(str(cache_dir))
     return blocks.with_format("torch")
@@ -149,34 +145,6 @@ def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
 def read_stats(cache_dir: str | Path) -> dict[str, Any]:
     """The `stats.json` of a packed-block cache."""
     return json.loads((Path(cache_dir) / STATS_FILE).read_text(encoding="utf-8"))
-
-
-def load_tokenizer(tokenizer_dir: str | Path):
-    """A fast tokenizer with an eos token from a local folder; never reaches the hub."""
-    from transformers import AutoTokenizer
-
-    path = Path(tokenizer_dir)
-    if not path.is_dir():
-        raise InputError(
-            f"tokenizer folder {path} does not exist; train one with train-tokenizer "
-            "or pass a saved Hugging Face tokenizer folder as --tokenizer_dir"
-        )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as err:  # noqa: BLE001 (loaders raise many types for a broken folder)
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"tokenizer folder {path} cannot be loaded: {message}") from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise InputError(
-            f"tokenizer in {path} is not a fast (tokenizers-backed) tokenizer; "
-            "save it with tokenizer.json (e.g. train-tokenizer does)"
-        )
-    if tokenizer.eos_token_id is None:
-        raise InputError(
-            f"tokenizer in {path} has no eos token to separate documents; "
-            "set eos_token (e.g. <|endoftext|>) and save it again"
-        )
-    return tokenizer
 
 
 def check_writable(folder: Path) -> None:
@@ -335,54 +303,6 @@ def build_blocks(
     return stats
 
 
-def tokenize_documents(
-    documents: list[str], tokenizer, num_proc: int | None, batch_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of all documents with eos after each (int32), and each document's length
-    including its eos."""
-    # A copy that reads "<|endoftext|>" written inside a document as plain text: the only
-    # document separators in the stream are the ones appended here.
-    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-    backend.encode_special_tokens = True
-    dataset = datasets.Dataset.from_dict({"text": documents}).with_format("arrow")
-    tokenized = dataset.map(
-        tokenize_batch,
-        batched=True,
-        batch_size=batch_size,
-        num_proc=num_proc,
-        remove_columns=["text"],
-        fn_kwargs={"backend": backend, "eos_token_id": tokenizer.eos_token_id},
-        # The fingerprint would otherwise be a hash of the pickled tokenizer; nothing is cached
-        # by `datasets` here (the dataset lives in memory), the result is cached by us.
-        new_fingerprint=f"tokenize-{len(documents)}-{batch_size}",
-        desc="Tokenizing documents",
-    )
-    column = tokenized.data.column("input_ids")
-    token_ids = np.concatenate(
-        [chunk.flatten().to_numpy() for chunk in column.chunks if len(chunk)]
-    )
-    document_lengths = pc.list_value_length(column).to_numpy().astype(np.int64)
-    return token_ids, document_lengths
-
-
-def tokenize_batch(batch: pa.Table, backend, eos_token_id: int) -> pa.Table:
-    """One map batch: documents -> list<int32> of their token ids with eos appended."""
-    texts = batch.column("text").to_pylist()
-    encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
-    ids_per_document = [encoding.ids for encoding in encodings]
-    lengths = np.fromiter(map(len, ids_per_document), np.int64, len(ids_per_document)) + 1
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    is_eos = np.zeros(offsets[-1], bool)
-    is_eos[offsets[1:] - 1] = True
-    values = np.empty(offsets[-1], np.int32)
-    values[is_eos] = eos_token_id
-    values[~is_eos] = np.fromiter(
-        itertools.chain.from_iterable(ids_per_document), np.int32, offsets[-1] - len(lengths)
-    )
-    return pa.table({"input_ids": pa.LargeListArray.from_arrays(offsets, values)})
-
-
 def choose_validation_documents(
     documents: list[str],
     document_lengths: np.ndarray,
@@ -470,75 +390,3 @@ def blocks_dataset(blocks: np.ndarray) -> datasets.Dataset:
     return datasets.Dataset.from_dict(
         {"input_ids": pa.FixedSizeListArray.from_arrays(flat, block_size)}, features=features
     )
-
-
-# --- Batches and steps of training over the blocks -------------------------------------------
-
-
-def collate_blocks(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Stack packed blocks into a batch; the labels are the inputs (the model shifts them).
-
-    No attention mask: every block is full, so attention is the plain causal kernel.
-    """
-    input_ids = torch.stack([torch.as_tensor(example["input_ids"]) for example in examples])
-    input_ids = input_ids.long()  # (batch, block_size); int64 for the embedding and the loss
-    return {"input_ids": input_ids, "labels": input_ids}
-
-
-def global_batch_blocks(training_args: TrainingArguments) -> int:
-    """Blocks per optimizer step: processes x per-device batch x gradient accumulation."""
-    return (
-        training_args.world_size
-        * training_args.per_device_train_batch_size
-        * training_args.gradient_accumulation_steps
-    )
-
-
-@dataclass(frozen=True)
-class BlockSchedule:
-    """How training walks the blocks: `batch_blocks` per optimizer step, `max_steps` steps."""
-
-    num_train_blocks: int
-    batch_blocks: int
-    block_size: int
-    max_steps: int
-
-    @classmethod
-    def one_pass(
-        cls, num_train_blocks: int, batch_blocks: int, block_size: int, requested_max_steps: int
-    ) -> BlockSchedule:
-        """The steps that show every training block exactly once.
-
-        ceil(blocks / global batch): the last step takes the remainder, so the token budget is
-        met exactly (Trainer counts an epoch's steps the same way). A positive
-        `requested_max_steps` may stop earlier, e.g. for a quick check, but never later.
-        """
-        if num_train_blocks < batch_blocks:
-            raise InputError(
-                f"the training split has {num_train_blocks} blocks, fewer than one global batch "
-                f"of {batch_blocks}; raise --max_train_tokens (or use a bigger corpus) or lower "
-                "--per_device_train_batch_size / --gradient_accumulation_steps"
-            )
-        steps = math.ceil(num_train_blocks / batch_blocks)
-        if requested_max_steps > steps:
-            raise InputError(
-                f"--max_steps {requested_max_steps} would go past one pass over the "
-                f"{num_train_blocks} training blocks ({steps} steps); raise --max_train_tokens "
-                "instead"
-            )
-        if requested_max_steps > 0:
-            logger.warning(
-                "stopping after --max_steps %d of the %d steps the token budget allows",
-                requested_max_steps,
-                steps,
-            )
-            steps = requested_max_steps
-        return cls(num_train_blocks, batch_blocks, block_size, steps)
-
-    @property
-    def batch_tokens(self) -> int:
-        return self.batch_blocks * self.block_size
-
-    def tokens_seen(self, step: int) -> int:
-        """Training tokens consumed after `step` optimizer steps (the last step may be partial)."""
-        return min(step * self.batch_blocks, self.num_train_blocks) * self.block_size

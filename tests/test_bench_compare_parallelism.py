@@ -10,9 +10,10 @@ import json
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
-from model_parallel_runs import NUM_BLOCKS
+from parallel_runs import NUM_BLOCKS
 from pretrain_runs import BLOCK_SIZE, shared_data_paths
 
+from bench.compare_parallelism import STRATEGIES, main
 from common.run_contract import (
     GPT_SUMMARY_FILE,
     MODEL_PARALLEL_SUMMARY_FILE,
@@ -20,7 +21,6 @@ from common.run_contract import (
     PARALLELISM_COMPARISON_FILE,
     PARALLELISM_COMPARISON_TABLE,
 )
-from pretrain.compare_parallelism import STRATEGIES, main
 from report.build import write_report
 
 NUM_STEPS = 3
@@ -105,7 +105,7 @@ def test_every_strategy_trains_like_its_reference_and_sharding_holds_less(data_p
 
 def test_a_failing_strategy_is_a_row_with_its_error_and_the_exit_code_says_so(data_paths, tmp_path):
     output_dir = tmp_path / "comparison"
-    # 3 microbatches cannot split a batch of 4 blocks: pretrain.model_parallel refuses it.
+    # 3 microbatches cannot split a batch of 4 blocks: pretrain.parallel.train refuses it.
     argv = comparison_argv(
         data_paths, output_dir, "--strategies", "pp-gpipe", "--num_microbatches", "3"
     )

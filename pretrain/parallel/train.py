@@ -1,17 +1,17 @@
 """Tensor and pipeline parallelism for the GPT-2 pretraining, with a training loop of our own.
 
-    torchrun --standalone --nproc_per_node 2 -m pretrain.model_parallel --strategy tp \\
+    torchrun --standalone --nproc_per_node 2 -m pretrain.parallel.train --strategy tp \\
         --config pretrain/configs/tiny.yaml --max_steps 32 --output_dir runs/demo/tp
-    torchrun --standalone --nproc_per_node 2 -m pretrain.model_parallel --strategy pp \\
+    torchrun --standalone --nproc_per_node 2 -m pretrain.parallel.train --strategy pp \\
         --pipeline_schedule 1f1b --num_microbatches 4 --config pretrain/configs/tiny.yaml \\
         --max_steps 32 --output_dir runs/demo/pp
-    python -m pretrain.model_parallel --strategy single --config pretrain/configs/tiny.yaml \\
+    python -m pretrain.parallel.train --strategy single --config pretrain/configs/tiny.yaml \\
         --max_steps 32 --output_dir runs/demo/single     # the one-process reference
 
 Trainer (pretrain/run.py) runs the data-parallel strategies (DDP, FSDP, ZeRO), where every
 process holds the whole model, or a shard of it gathered back for each layer; it cannot split
-a layer's computation (tensor parallelism, pretrain/tensor_parallel.py) or send activations
-from process to process (pipeline parallelism, pretrain/pipeline_parallel.py). This loop runs
+a layer's computation (tensor parallelism, pretrain/parallel/tensor.py) or send activations
+from process to process (pipeline parallelism, pretrain/parallel/pipeline.py). This loop runs
 those, and `single`, the same loop in one process, as the reference. All three read the same
 options and YAML configs as pretrain/run.py and train alike: the same packed blocks in the same
 seeded order, the same random initial weights (--seed), transformers' causal-LM loss, the
@@ -50,17 +50,20 @@ from common.corpus import CorpusArguments
 from common.files import write_json_atomic
 from common.run_contract import MODEL_PARALLEL_SUMMARY_FILE
 from common.system import hardware_description, library_versions
-from pretrain.args import DataArguments, ModelArguments, resolved_options
-from pretrain.data import BlockSchedule, load_blocks, load_tokenizer, prepare_blocks
+from common.tokenization import load_tokenizer
+from pretrain.args import ModelArguments, resolved_options
+from pretrain.batches import BlockSchedule
+from pretrain.blocks.args import DataArguments
+from pretrain.blocks.packing import load_blocks, prepare_blocks
 from pretrain.footprint import gather_footprints, rank_footprint
-from pretrain.launch import check_processes_joined
 from pretrain.model import build_model, build_model_config, count_parameters
-from pretrain.pipeline_parallel import (
+from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
     build_gpt2_pipeline,
     check_pipeline_arguments,
 )
-from pretrain.tensor_parallel import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
+from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
+from pretrain.strategy import check_processes_joined
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +143,7 @@ def check_launch(strategy: str, training_args: TrainingArguments) -> None:
     if strategy == "single" and launched > 1:
         raise InputError(
             f"--strategy single runs in one process, but {launched} were started; run it "
-            "with python -m pretrain.model_parallel, or pick --strategy tp or pp"
+            "with python -m pretrain.parallel.train, or pick --strategy tp or pp"
         )
     if strategy != "single" and launched < 2:
         raise InputError(
@@ -397,7 +400,7 @@ def train_model_parallel(
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_args(
-        ARGUMENT_TYPES, argv, description=__doc__, prog="python -m pretrain.model_parallel"
+        ARGUMENT_TYPES, argv, description=__doc__, prog="python -m pretrain.parallel.train"
     )
     training_args = arguments[-1]
     summary = train_model_parallel(*arguments)

@@ -13,22 +13,21 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from common.cli import InputError
 from common.corpus import CorpusArguments, iter_documents
-from pretrain.args import DataArguments
-from pretrain.data import (
+from common.tokenization import tokenize_documents
+from pretrain.batches import BlockSchedule, collate_blocks
+from pretrain.blocks.args import DataArguments
+from pretrain.blocks.packing import (
     STATS_FILE,
-    BlockSchedule,
     choose_validation_documents,
-    collate_blocks,
     load_blocks,
     num_budget_blocks,
     pack_blocks,
     prepare_blocks,
     read_stats,
     select_training_blocks,
-    tokenize_documents,
     unigram_entropy,
 )
-from pretrain.prepare import main
+from pretrain.blocks.prepare import main
 
 BLOCK_SIZE = 32
 EOS_TEXT = "<|endoftext|>"
@@ -318,7 +317,7 @@ def test_one_pass_refuses_too_few_blocks_or_more_steps_than_a_pass():
 def test_second_run_reuses_the_cache(built, corpus_args, caplog):
     data_args, folder = built
     before = file_mtimes(folder)
-    with caplog.at_level(logging.INFO, logger="pretrain.data"):
+    with caplog.at_level(logging.INFO, logger="pretrain.blocks.packing"):
         again = prepare_blocks(corpus_args, data_args)
     assert again == folder
     assert file_mtimes(folder) == before
@@ -355,7 +354,7 @@ def test_interrupted_build_leaves_nothing_and_is_never_reused(
         raise KeyboardInterrupt
 
     # Interrupt after the Arrow files are written, before stats.json: the worst moment.
-    monkeypatch.setattr("pretrain.data.unigram_entropy", interrupt)
+    monkeypatch.setattr("pretrain.blocks.packing.unigram_entropy", interrupt)
     with pytest.raises(KeyboardInterrupt):
         prepare_blocks(corpus_args, args)
     assert list(tmp_path.iterdir()) == []
@@ -365,7 +364,7 @@ def test_interrupted_build_leaves_nothing_and_is_never_reused(
     leftover = tmp_path / f".{built[1].name}.tmp-killed"
     leftover.mkdir()
     (leftover / "dataset_dict.json").write_text('{"splits": ["train"]}')
-    with caplog.at_level(logging.WARNING, logger="pretrain.data"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.blocks.packing"):
         folder = prepare_blocks(corpus_args, args)
     assert folder.name == built[1].name
     assert (folder / STATS_FILE).is_file()

@@ -11,7 +11,7 @@ from the same random weights, in a subprocess of its own:
                                       --num_processes P pretrain/run.py (Trainer); the data
                                       parallel ones split the batch, global / P blocks each
   single-loop, tp, pp-gpipe, pp-1f1b  torchrun --standalone --nproc_per_node P -m
-                                      pretrain.model_parallel (our loop; single-loop is one
+                                      pretrain.parallel.train (our loop; single-loop is one
                                       process); every process sees the whole batch
 
 All run eagerly with transformers' loss, as our loop does, so the rows differ by their
@@ -61,8 +61,9 @@ from common.system import hardware_description, library_versions
 
 logger = logging.getLogger(__name__)
 
-PRETRAIN_DIR = Path(__file__).resolve().parent
-ACCELERATE_CONFIG_DIR = PRETRAIN_DIR.parent / "accelerate_configs"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PRETRAIN_DIR = REPO_ROOT / "pretrain"
+ACCELERATE_CONFIG_DIR = REPO_ROOT / "accelerate_configs"
 RUN_SCRIPT = PRETRAIN_DIR / "run.py"
 DEVICES = ("cpu", "cuda")
 DEFAULT_TRAINING_CONFIGS = {
@@ -79,7 +80,7 @@ class StrategySpec:
     reference: str | None  # the row whose loss this one must equal; None for a reference
     # Trainer strategies: the accelerate config per device; our loop's: None.
     accelerate_configs: dict[str, str] | None = None
-    loop_options: tuple[str, ...] = ()  # pretrain.model_parallel flags that pick the strategy
+    loop_options: tuple[str, ...] = ()  # pretrain.parallel.train flags that pick the strategy
     granted: str = ""  # the strategy name its summary reports when it ran as asked
     distributed: bool = True  # False: one process
 
@@ -196,7 +197,7 @@ class ComparisonArguments:
         default=None,
         metadata={
             "help": "Microbatches per step of pp-gpipe and pp-1f1b (default: "
-            "pretrain.model_parallel's); must divide --global_batch_size."
+            "pretrain.parallel.train's); must divide --global_batch_size."
         },
     )
     timeout_minutes: float = field(
@@ -332,11 +333,11 @@ def launch_command(
             launcher += ["--main_process_port", str(free_port())]
         return [*launcher, str(RUN_SCRIPT), *training]
     if not spec.distributed:
-        return [sys.executable, "-m", "pretrain.model_parallel", *training]
+        return [sys.executable, "-m", "pretrain.parallel.train", *training]
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nproc_per_node", str(num_processes),
-        "-m", "pretrain.model_parallel", *training,
+        "-m", "pretrain.parallel.train", *training,
     ]  # fmt: skip
 
 
@@ -344,7 +345,7 @@ def child_environment(device: str) -> dict[str, str]:
     """The children's environment: ours, with the repository importable, and on CPU one thread
     per process and DeepSpeed on the CPU (it would pick a GPU that is there but not asked for)."""
     env = dict(os.environ)
-    repo_root = str(PRETRAIN_DIR.parent)
+    repo_root = str(REPO_ROOT)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
     if device == "cpu":
         env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
@@ -407,7 +408,7 @@ def read_trainer_summary(row: ComparisonRow, summary: dict[str, Any]) -> list[di
 
 
 def read_loop_summary(row: ComparisonRow, summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Fill `row` from pretrain.model_parallel's summary; the per-rank footprints."""
+    """Fill `row` from pretrain.parallel.train's summary; the per-rank footprints."""
     schedule = summary["pipeline_schedule"]
     row.granted = summary["strategy"] + (f"-{schedule}" if schedule else "")
     row.precision = "fp32"  # the only precision of our loop

@@ -1,0 +1,1 @@
+"""Benchmarks behind every speed and recipe claim (docs/BENCHMARKS.md)."""

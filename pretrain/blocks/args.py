@@ -1,0 +1,97 @@
+"""The options of block preparation: which tokenizer, how long the blocks are, how the corpus is
+split and budgeted. `prepare-blocks` and every training entry point take `DataArguments`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.cli import InputError
+
+
+def check_block_size(block_size: int, n_positions: int, model: str) -> None:
+    """Refuse blocks longer than the model's position embeddings (`model` names its source)."""
+    if block_size > n_positions:
+        raise InputError(
+            f"--block_size {block_size} is longer than the {n_positions} positions of {model}; "
+            f"pass --block_size {n_positions} or less"
+        )
+
+
+@dataclass
+class DataArguments:
+    """Which tokenizer, how long the blocks are, how the corpus is split and budgeted."""
+
+    tokenizer_dir: str = field(
+        metadata={
+            "help": "Tokenizer folder (from train-tokenizer, or any saved Hugging Face fast "
+            "tokenizer with an eos token, e.g. GPT-2's)."
+        }
+    )
+    cache_dir: str = field(
+        default="data/cache",
+        metadata={"help": "Folder that holds the packed-block caches, one subfolder per input."},
+    )
+    block_size: int = field(
+        default=1024, metadata={"help": "Tokens per training example (the context length)."}
+    )
+    n_positions: int = field(
+        default=1024,
+        metadata={
+            "help": "Position embeddings of the model the blocks are for (GPT-2: 1024); a "
+            "--block_size above it is refused. pretrain/run.py checks against its model preset."
+        },
+    )
+    validation_fraction: float = field(
+        default=0.005,
+        metadata={
+            "help": "Share of documents held out for validation (at least enough for one block)."
+        },
+    )
+    max_train_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget: keep exactly ceil(max_train_tokens / block_size) training "
+            "blocks, a seeded random sample of the corpus (default: all blocks)."
+        },
+    )
+    repeat_corpus: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow a corpus smaller than --max_train_tokens: repeat it (reshuffled each "
+            "pass) to fill the budget. Without it a too-small corpus is an error."
+        },
+    )
+    num_proc: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes for tokenization (default: one process; the tokenizer itself "
+            "already uses every core). The blocks do not depend on it."
+        },
+    )
+    map_batch_size: int = field(
+        default=1000,
+        metadata={"help": "Documents per tokenization batch. The blocks do not depend on it."},
+    )
+    split_seed: int = field(
+        default=0,
+        metadata={
+            "help": "Seed of the document hash that picks the validation split and of the "
+            "shuffle that picks the budget's training blocks."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.block_size < 2:
+            raise InputError(f"--block_size {self.block_size} is too small; pass at least 2")
+        check_block_size(self.block_size, self.n_positions, "the model (--n_positions)")
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise InputError(
+                f"--validation_fraction {self.validation_fraction} must be between 0 and 1 "
+                "(exclusive), e.g. 0.005"
+            )
+        if self.max_train_tokens is not None and self.max_train_tokens < 1:
+            raise InputError(f"--max_train_tokens {self.max_train_tokens} must be at least 1")
+        if self.num_proc is not None and self.num_proc < 1:
+            raise InputError(f"--num_proc {self.num_proc} must be at least 1")
+        if self.map_batch_size < 1:
+            raise InputError(f"--map_batch_size {self.map_batch_size} must be at least 1")
