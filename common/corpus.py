@@ -27,11 +27,13 @@ import logging
 import os
 import posixpath
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+import numpy as np
 
 from common.cli import InputError
 
@@ -133,6 +135,25 @@ def iter_documents(
     stats = stats if stats is not None else CorpusStats()
     stats.sources = [source.label for source in sources]
     return _generate_documents(sources, args, stats, log)
+
+
+def document_hashes(texts: Sequence[str], key: str) -> np.ndarray:
+    """64-bit BLAKE2b of each text's UTF-8 bytes keyed by `key`, as unsigned integers.
+
+    A document's identity in a split: it depends on the text and the key alone, not on where
+    the document sits in the corpus, so a split is redone or matched from the texts.
+    """
+    key_bytes = key.encode()
+    return np.fromiter(
+        (
+            int.from_bytes(
+                hashlib.blake2b(text.encode(), digest_size=8, key=key_bytes).digest(), "big"
+            )
+            for text in texts
+        ),
+        np.uint64,
+        len(texts),
+    )
 
 
 def corpus_fingerprint(args: CorpusArguments) -> str:

@@ -16,6 +16,9 @@ FINAL_MODEL_DIR = "final"  # model + tokenizer, loadable with AutoModelForCausal
 MNIST_MODEL_FILE = "model.pt"
 NVIDIA_SMI_FILE = "nvidia-smi.txt"  # `nvidia-smi` output halfway through training, with a GPU only
 TENSORBOARD_DIR = "tensorboard"
+# Which documents the blocks' training and validation splits hold, by keyed hash of the text
+# (pretrain/blocks/packing.py writes it into the cache folder; a run copies it into its folder).
+DOCUMENT_SPLIT_FILE = "document_split.json"
 
 # run_summary.json carries its version; readers note a summary of another version.
 GPT_SUMMARY_VERSION = 1

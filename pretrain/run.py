@@ -34,7 +34,7 @@ from common.tokenization import load_tokenizer
 from pretrain.args import ModelArguments, PretrainArguments, ReportArguments
 from pretrain.batches import BlockSchedule, collate_blocks, global_batch_blocks
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.packing import load_blocks, prepare_blocks, read_stats
+from pretrain.blocks.packing import copy_document_split, load_blocks, prepare_blocks, read_stats
 from pretrain.callbacks import (
     CheckpointOnSignalCallback,
     FootprintCallback,
@@ -297,6 +297,8 @@ def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
     """Train to the end and save `final/`; or the signal that stopped training at a checkpoint."""
     trainer = setup.trainer
     resume = plan.resume_checkpoint
+    if trainer.is_world_process_zero():
+        copy_document_split(plan.record.data["cache_dir"], trainer.args.output_dir)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     stop = setup.stop_on_signal
     if stop.stopped_at_step is not None:

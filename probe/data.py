@@ -20,7 +20,6 @@ Rules, in the order they are applied:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -28,7 +27,7 @@ import datasets
 import numpy as np
 
 from common.cli import InputError
-from common.corpus import CorpusArguments
+from common.corpus import CorpusArguments, document_hashes
 from common.tokenization import tokenize_documents
 from probe.labels import (
     WOS_AREA_IN_DOMAIN_FILE,
@@ -119,8 +118,7 @@ def split_documents(
 ) -> np.ndarray:
     """Boolean mask of the test documents (rule 3 of the module docstring); `forced_test`
     marks the documents that must be tested, never trained on."""
-    key = f"probe-split-{seed}".encode()
-    digests = [hashlib.blake2b(text.encode(), digest_size=8, key=key).digest() for text in texts]
+    digests = document_hashes(texts, f"probe-split-{seed}")
     is_test = np.zeros(len(texts), bool)
     for label in np.unique(labels):
         members = np.flatnonzero(labels == label).tolist()

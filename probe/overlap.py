@@ -1,11 +1,9 @@
 """Which probe documents the pretraining run read, and whether that leaks into the probe.
 
-Pretraining splits its corpus by document (`pretrain.blocks.packing.choose_validation_documents`: a
-keyed hash of each text, the validation fraction, at least one block). The run folder's
-`run_summary.json` records the corpus inputs, their fingerprint, the split settings and the
-number of validation documents, so the split can be redone: read the same corpus again (its
-fingerprint must match), tokenize it with the run's tokenizer, choose again, and check that
-the count of validation documents is the run's. Documents are then matched by their text.
+Pretraining splits its corpus by document and records the split in the run folder
+(`document_split.json`, common/run_contract.py): the keyed hash of every document's text in its
+training and its validation split. The probe hashes its own texts with the same key
+(`common.corpus.document_hashes`) and looks them up: nothing of pretraining is redone.
 
 The probe puts every pretraining-validation document in its test split. Test documents that
 were pretraining training text are counted: pretraining never sees labels, so they leak no
@@ -23,79 +21,50 @@ from typing import Any
 
 import numpy as np
 
-from common.cli import InputError
-from common.corpus import CorpusArguments, corpus_fingerprint, iter_documents
-from common.run_contract import GPT_SUMMARY_FILE
-from common.tokenization import tokenize_documents
-from pretrain.blocks.packing import choose_validation_documents
+from common.corpus import document_hashes
+from common.run_contract import DOCUMENT_SPLIT_FILE
 
 logger = logging.getLogger(__name__)
 
 REPRODUCED = "reproduced"
 UNKNOWN = "unknown"
-TOKENIZE_BATCH_SIZE = 1000
 
 
 @dataclass
 class PretrainingOverlap:
     """Per probe document: was it pretraining validation text, or pretraining training text?"""
 
-    status: str  # REPRODUCED, or UNKNOWN when the split could not be redone
-    reason: str  # how the split was redone, or why it could not be
+    status: str  # REPRODUCED, or UNKNOWN when the run folder does not record its split
+    reason: str  # where the split came from, or why it is not known
     in_validation: np.ndarray  # bool per probe document (all False when unknown)
     in_training: np.ndarray
 
 
-def find_pretraining_overlap(run_dir: Path, texts: list[str], tokenizer) -> PretrainingOverlap:
-    """Redo the run's document split and match the probe's texts against it; never raises for
-    a split that cannot be redone (the result says why)."""
-    none = np.zeros(len(texts), bool)
-
-    def unknown(reason: str) -> PretrainingOverlap:
-        logger.warning("pretraining overlap unknown: %s", reason)
-        return PretrainingOverlap(UNKNOWN, reason, none, none.copy())
-
-    summary_path = run_dir / GPT_SUMMARY_FILE
-    if not summary_path.is_file():
-        return unknown(f"{summary_path} is missing")
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+def find_pretraining_overlap(run_dir: Path, texts: list[str]) -> PretrainingOverlap:
+    """Match the probe's texts against the run's recorded split; never raises for a run folder
+    without a readable record (the result says why)."""
+    record_path = run_dir / DOCUMENT_SPLIT_FILE
     try:
-        corpus_args = CorpusArguments(**summary["config"]["CorpusArguments"])
-        data = summary["data"]
-        settings = data["settings"]
-        recorded_fingerprint = data["corpus_fingerprint"]
-        num_recorded = data["splits"]["validation"]["num_documents"]
-    except (KeyError, TypeError):
-        return unknown(f"{summary_path} does not record the pretraining corpus and its split")
-    corpus = corpus_args.corpus
-    inputs = corpus if isinstance(corpus, str) else ", ".join(corpus)
-    try:
-        if corpus_fingerprint(corpus_args) != recorded_fingerprint:
-            return unknown(f"the pretraining corpus {inputs} has changed since the run")
-        documents = list(iter_documents(corpus_args))
-    except InputError as err:
-        return unknown(f"the pretraining corpus cannot be read from here: {err}")
-    _, lengths = tokenize_documents(documents, tokenizer, None, TOKENIZE_BATCH_SIZE)
-    is_validation = choose_validation_documents(
-        documents,
-        lengths,
-        settings["validation_fraction"],
-        settings["block_size"],
-        settings["split_seed"],
-    )
-    if int(is_validation.sum()) != num_recorded:
-        return unknown(
-            f"redoing the split of {inputs} gave {int(is_validation.sum())} validation "
-            f"documents, the run had {num_recorded} (another tokenizer than final/'s?)"
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        key = record["key"]
+        validation = {int(value, 16) for value in record["validation"]}
+        training = {int(value, 16) for value in record["train"]}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        reason = (
+            f"{record_path} is missing (a run from before runs recorded their split)"
+            if isinstance(err, FileNotFoundError)
+            else f"{record_path} cannot be read ({type(err).__name__}: {err})"
         )
-    validation = {text for text, held_out in zip(documents, is_validation, strict=True) if held_out}
-    training = set(documents) - validation
+        logger.warning("pretraining overlap unknown: %s", reason)
+        none = np.zeros(len(texts), bool)
+        return PretrainingOverlap(UNKNOWN, reason, none, none.copy())
+    hashes = document_hashes(texts, key).tolist()
     return PretrainingOverlap(
         REPRODUCED,
-        f"split of {inputs} redone (seed {settings['split_seed']}, validation fraction "
-        f"{settings['validation_fraction']}): {num_recorded} validation documents, as in the run",
-        np.array([text in validation for text in texts], bool),
-        np.array([text in training for text in texts], bool),
+        f"{record_path}: {len(validation)} validation and {len(training)} training documents "
+        "of the pretraining corpus, matched by text",
+        np.array([value in validation for value in hashes], bool),
+        np.array([value in training for value in hashes], bool),
     )
 
 

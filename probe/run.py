@@ -103,7 +103,7 @@ def run_probe(command: ProbeCommand) -> dict[str, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     documents = load_probe_documents(corpus_args, probe.label_level, probe.label_names_file)
 
-    overlap = find_pretraining_overlap(run_dir, documents.texts, tokenizer)
+    overlap = find_pretraining_overlap(run_dir, documents.texts)
     is_test = split_documents(
         documents.texts,
         documents.labels,

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from common.cli import InputError
-from common.corpus import CorpusArguments, iter_documents
+from common.corpus import CorpusArguments, document_hashes, iter_documents
 from common.tokenization import tokenize_documents
 from pretrain.batches import BlockSchedule, collate_blocks
 from pretrain.blocks.args import DataArguments
@@ -100,11 +100,10 @@ def test_blocks_are_the_document_stream_cut_into_equal_blocks(built, documents, 
     blocks = load_blocks(folder)
     stats = read_stats(folder)
     is_validation = choose_validation_documents(
-        documents,
+        document_hashes(documents, str(data_args.split_seed)),
         np.array([len(tokenizer(d, add_special_tokens=False)["input_ids"]) + 1 for d in documents]),
         data_args.validation_fraction,
         BLOCK_SIZE,
-        data_args.split_seed,
     )
     for split, in_split in (("train", ~is_validation), ("validation", is_validation)):
         split_documents = [d for d, keep in zip(documents, in_split, strict=True) if keep]
@@ -197,21 +196,23 @@ def test_stats_entropy_is_below_log_vocab(built):
 
 def test_split_is_by_document_text_and_stable(documents):
     lengths = np.full(len(documents), 50)
-    mask = choose_validation_documents(documents, lengths, 0.05, BLOCK_SIZE, seed=0)
+
+    def validation_mask(texts: list[str], seed: int) -> np.ndarray:
+        hashes = document_hashes(texts, str(seed))
+        return choose_validation_documents(hashes, lengths, 0.05, BLOCK_SIZE)
+
+    mask = validation_mask(documents, seed=0)
     assert mask.sum() == math.ceil(0.05 * len(documents))
-    again = choose_validation_documents(documents, lengths, 0.05, BLOCK_SIZE, seed=0)
-    assert np.array_equal(mask, again)
+    assert np.array_equal(mask, validation_mask(documents, seed=0))
     # A document's split follows its text, not its position in the corpus.
-    reversed_mask = choose_validation_documents(documents[::-1], lengths, 0.05, BLOCK_SIZE, seed=0)
-    assert np.array_equal(reversed_mask[::-1], mask)
-    other_seed = choose_validation_documents(documents, lengths, 0.05, BLOCK_SIZE, seed=1)
-    assert not np.array_equal(other_seed, mask)
+    assert np.array_equal(validation_mask(documents[::-1], seed=0)[::-1], mask)
+    assert not np.array_equal(validation_mask(documents, seed=1), mask)
 
 
 def test_validation_gets_at_least_one_block(documents):
     lengths = np.full(len(documents), 10)
     # 0.1% of 400 documents is one document of 10 tokens: extended to fill a 64-token block.
-    mask = choose_validation_documents(documents, lengths, 0.001, 64, seed=0)
+    mask = choose_validation_documents(document_hashes(documents, "0"), lengths, 0.001, 64)
     assert lengths[mask].sum() >= 64
     assert lengths[mask].sum() - 10 < 64
 

@@ -3,6 +3,7 @@ and the one-line errors for bad input."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -25,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.cli import InputError
 from common.run_contract import (
+    DOCUMENT_SPLIT_FILE,
     EVAL_LOSS,
     FINAL_MODEL_DIR,
     GPT_REQUIRED_KEYS,
@@ -107,6 +109,10 @@ def test_tiny_run_learns_and_writes_its_summary(tiny_run):
     assert summary["speed_settings"]["attn_implementation"] == "sdpa"
     assert "Device: cpu" in summary["accelerator_state"]
     assert summary["data"]["splits"]["train"]["num_blocks"] == NUM_BLOCKS
+    # Which documents each split held, by hash, for the stages that read the run folder later.
+    split = json.loads((tiny_run / DOCUMENT_SPLIT_FILE).read_text())
+    for name in ("train", "validation"):
+        assert len(set(split[name])) == summary["data"]["splits"][name]["num_documents"]
     assert {"cpu_count", "platform"} <= set(summary["hardware"])
     assert summary["versions"]["transformers"]
 

@@ -158,9 +158,9 @@ def test_area_and_combined_levels_are_the_same_areas(pretrained_run, labelled_co
     assert area["confusion_matrix"] == combined["confusion_matrix"]
 
 
-def test_overlap_is_unknown_without_a_run_summary(tmp_path):
-    overlap = find_pretraining_overlap(tmp_path, ["a text"], tokenizer=None)
-    assert overlap.status == UNKNOWN and "run_summary.json is missing" in overlap.reason
+def test_overlap_is_unknown_without_a_recorded_split(tmp_path):
+    overlap = find_pretraining_overlap(tmp_path, ["a text"])
+    assert overlap.status == UNKNOWN and "document_split.json is missing" in overlap.reason
     assert not overlap.in_validation.any() and not overlap.in_training.any()
 
 

@@ -14,7 +14,8 @@ The rules, in the order they are applied:
    `--split_seed`; the documents with the smallest hashes, `ceil(validation_fraction x
    documents)` of them, and more until they fill at least one block, are the validation split.
    A document's split therefore depends only on its text and the seed, not on its position or
-   on the rest of the corpus.
+   on the rest of the corpus. `document_split.json` in the cache folder (and in every run
+   folder trained on it) lists each split's document hashes.
 4. Each split's token stream (its documents in corpus order, eos after each) is cut into
    `block_size` blocks with numpy, over the whole stream at once: blocks never depend on
    `--num_proc` or the map batch size, and at most one remainder (< block_size tokens) per split
@@ -46,6 +47,7 @@ import hashlib
 import json
 import logging
 import math
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -56,8 +58,15 @@ import numpy as np
 import pyarrow as pa
 
 from common.cli import InputError
-from common.corpus import CorpusArguments, CorpusStats, corpus_fingerprint, iter_documents
+from common.corpus import (
+    CorpusArguments,
+    CorpusStats,
+    corpus_fingerprint,
+    document_hashes,
+    iter_documents,
+)
 from common.files import atomic_dir, write_json_atomic
+from common.run_contract import DOCUMENT_SPLIT_FILE
 from common.system import library_versions
 from common.tokenization import load_tokenizer, tokenize_documents
 from pretrain.blocks.args import DataArguments
@@ -68,7 +77,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Bump when the blocks made from the same inputs change, so older caches are not reused.
-PIPELINE_VERSION = 2
+PIPELINE_VERSION = 3
 STATS_FILE = "stats.json"
 CACHE_FOLDER_PREFIX = "blocks"
 SPLITS = ("train", "validation")
@@ -142,6 +151,12 @@ def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
     return blocks.with_format("torch")
 
 
+def copy_document_split(cache_dir: str | Path, run_dir: str | Path) -> None:
+    """Put the cache's record of which documents each split holds into a run folder."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(cache_dir) / DOCUMENT_SPLIT_FILE, Path(run_dir) / DOCUMENT_SPLIT_FILE)
+
+
 def read_stats(cache_dir: str | Path) -> dict[str, Any]:
     """The `stats.json` of a packed-block cache."""
     return json.loads((Path(cache_dir) / STATS_FILE).read_text(encoding="utf-8"))
@@ -211,13 +226,12 @@ def build_blocks(
     seconds["tokenize"] = time.perf_counter() - started
 
     started = time.perf_counter()
+    split_key = str(data_args.split_seed)
+    hashes = document_hashes(documents, split_key)
     is_validation = choose_validation_documents(
-        documents,
-        document_lengths,
-        data_args.validation_fraction,
-        data_args.block_size,
-        data_args.split_seed,
+        hashes, document_lengths, data_args.validation_fraction, data_args.block_size
     )
+    write_document_split(folder / DOCUMENT_SPLIT_FILE, hashes, is_validation, split_key)
     token_is_validation = np.repeat(is_validation, document_lengths)
     # Each document's bytes as a line of X.txt: its UTF-8 text and the newline that ends it.
     document_bytes = np.fromiter((len(text.encode()) + 1 for text in documents), np.int64)
@@ -304,39 +318,43 @@ def build_blocks(
 
 
 def choose_validation_documents(
-    documents: list[str],
-    document_lengths: np.ndarray,
-    validation_fraction: float,
-    block_size: int,
-    seed: int,
+    hashes: np.ndarray, document_lengths: np.ndarray, validation_fraction: float, block_size: int
 ) -> np.ndarray:
-    """Boolean mask of the validation documents (rule 3 of the module docstring)."""
-    key = str(seed).encode()
-    hashes = np.fromiter(
-        (
-            int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8, key=key).digest(), "big")
-            for text in documents
-        ),
-        np.uint64,
-        len(documents),
-    )
+    """Boolean mask of the validation documents (rule 3 of the module docstring), from their
+    keyed hashes."""
     order = np.argsort(hashes, kind="stable")
     tokens_so_far = np.cumsum(document_lengths[order])
     num_total = int(tokens_so_far[-1])
     num_for_one_block = int(np.searchsorted(tokens_so_far, block_size)) + 1
-    num_validation = max(math.ceil(validation_fraction * len(documents)), num_for_one_block)
-    if (
-        num_validation >= len(documents)
-        or num_total - tokens_so_far[num_validation - 1] < block_size
-    ):
+    num_validation = max(math.ceil(validation_fraction * len(hashes)), num_for_one_block)
+    if num_validation >= len(hashes) or num_total - tokens_so_far[num_validation - 1] < block_size:
         raise InputError(
-            f"the corpus has {num_total:,} tokens in {len(documents):,} documents (with one "
+            f"the corpus has {num_total:,} tokens in {len(hashes):,} documents (with one "
             f"end-of-text each): too few for one training and one validation block of "
             f"{block_size}; add documents or lower --block_size"
         )
-    is_validation = np.zeros(len(documents), bool)
+    is_validation = np.zeros(len(hashes), bool)
     is_validation[order[:num_validation]] = True
     return is_validation
+
+
+def write_document_split(
+    path: Path, hashes: np.ndarray, is_validation: np.ndarray, split_key: str
+) -> None:
+    """Record which documents each split holds, by keyed hash: what later stages (the probe)
+    read to know which texts pretraining trained on and which it held out."""
+    write_json_atomic(
+        path,
+        {
+            "hash": "BLAKE2b, 8 bytes, of each document's UTF-8 text keyed by `key` "
+            "(common.corpus.document_hashes), as 16 hex digits",
+            "key": split_key,
+            **{
+                split: [f"{value:016x}" for value in hashes[mask]]
+                for split, mask in (("validation", is_validation), ("train", ~is_validation))
+            },
+        },
+    )
 
 
 def pack_blocks(token_stream: np.ndarray, block_size: int) -> tuple[np.ndarray, int]:
