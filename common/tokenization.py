@@ -19,16 +19,23 @@ from tokenizers import Tokenizer
 from common.cli import InputError
 
 
-def load_tokenizer(tokenizer_dir: str | Path):
-    """A fast tokenizer with an eos token from a local folder; never reaches the hub."""
-    from transformers import AutoTokenizer
-
+def check_tokenizer_dir(tokenizer_dir: str | Path) -> Path:
+    """The tokenizer folder as a path; InputError when there is no such folder."""
     path = Path(tokenizer_dir)
     if not path.is_dir():
         raise InputError(
             f"tokenizer folder {path} does not exist; train one with train-tokenizer "
             "or pass a saved Hugging Face tokenizer folder as --tokenizer_dir"
         )
+    return path
+
+
+def load_tokenizer(tokenizer_dir: str | Path):
+    """A fast tokenizer with an eos token from a local folder; never reaches the hub."""
+    # transformers takes seconds to import: only the callers that tokenize pay for it.
+    from transformers import AutoTokenizer
+
+    path = check_tokenizer_dir(tokenizer_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as err:  # noqa: BLE001 (loaders raise many types for a broken folder)

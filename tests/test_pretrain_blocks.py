@@ -3,18 +3,21 @@
 import json
 import logging
 import math
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+from pretrain_runs import REPO_ROOT
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from common.cli import InputError
 from common.corpus import CorpusArguments, document_hashes, iter_documents
 from common.tokenization import tokenize_documents
-from pretrain.batches import BlockSchedule, collate_blocks
 from pretrain.blocks.args import DataArguments
 from pretrain.blocks.packing import (
     STATS_FILE,
@@ -287,32 +290,28 @@ def test_too_small_corpus_for_budget_is_an_error_unless_repeated(
     assert stats["splits"]["train"]["passes_over_packed_blocks"] > 2.9
 
 
-# --- batches and steps -------------------------------------------------------------------------
-
-
-def test_collated_batch_is_int64_inputs_that_are_also_the_labels(built):
-    blocks = load_blocks(built[1])["train"]
-    batch = collate_blocks([blocks[0], blocks[1]])
-    assert batch["input_ids"].dtype == torch.int64
-    assert batch["input_ids"].shape == (2, BLOCK_SIZE)
-    assert batch["labels"] is batch["input_ids"]
-
-
-def test_one_pass_shows_every_block_once_with_a_partial_last_step():
-    schedule = BlockSchedule.one_pass(10, batch_blocks=4, block_size=8, requested_max_steps=-1)
-    assert schedule.max_steps == 3 and schedule.batch_tokens == 32
-    assert [schedule.tokens_seen(step) for step in range(4)] == [0, 32, 64, 80]
-    assert BlockSchedule.one_pass(10, 4, 8, requested_max_steps=2).max_steps == 2
-
-
-def test_one_pass_refuses_too_few_blocks_or_more_steps_than_a_pass():
-    with pytest.raises(InputError, match="fewer than one global batch of 4"):
-        BlockSchedule.one_pass(3, batch_blocks=4, block_size=8, requested_max_steps=-1)
-    with pytest.raises(InputError, match="--max_steps 4 would go past one pass"):
-        BlockSchedule.one_pass(10, batch_blocks=4, block_size=8, requested_max_steps=4)
-
-
 # --- cache -----------------------------------------------------------------------------------
+
+
+def test_a_cache_hit_loads_no_model_loss_or_tokenizer_library(built, corpus_args):
+    """Block preparation stands apart from training: a cache hit imports neither the model,
+    the loss, torch nor transformers' tokenizers and models (it needs the files' bytes only)."""
+    data_args, folder = built
+    argv = ["--corpus", *corpus_args.corpus, "--tokenizer_dir", data_args.tokenizer_dir,
+            "--cache_dir", data_args.cache_dir, "--block_size", str(BLOCK_SIZE)]  # fmt: skip
+    heavy = ("torch", "pretrain.model", "pretrain.loss", "transformers.modeling_utils",
+             "transformers.tokenization_utils_base")  # fmt: skip
+    code = (
+        "import sys; from pretrain.blocks.prepare import main; "
+        f"assert main({argv!r}) == 0; "
+        f"print([name for name in {heavy!r} if name in sys.modules])"
+    )
+    finished = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    printed = finished.stdout.strip().splitlines()
+    assert printed == [str(folder), "[]"]
 
 
 def test_second_run_reuses_the_cache(built, corpus_args, caplog):

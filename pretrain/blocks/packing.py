@@ -68,7 +68,7 @@ from common.corpus import (
 from common.files import atomic_dir, write_json_atomic
 from common.run_contract import DOCUMENT_SPLIT_FILE
 from common.system import library_versions
-from common.tokenization import load_tokenizer, tokenize_documents
+from common.tokenization import check_tokenizer_dir, load_tokenizer, tokenize_documents
 from pretrain.blocks.args import DataArguments
 
 if TYPE_CHECKING:
@@ -100,11 +100,11 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
     """Build (or reuse) the Arrow cache of packed blocks; return its folder.
 
     `tokenizer` is the one loaded from `data_args.tokenizer_dir` when the caller already has
-    it (else it is loaded here). Every check that needs no tokenization runs first. Raises
+    it; otherwise it is loaded only when the blocks must be built (a cache hit needs only the
+    tokenizer files' bytes). Every check that needs no tokenization runs first. Raises
     InputError on bad input.
     """
-    if tokenizer is None:
-        tokenizer = load_tokenizer(data_args.tokenizer_dir)
+    check_tokenizer_dir(data_args.tokenizer_dir)
     cache_root = Path(data_args.cache_dir)
     check_writable(cache_root)
     fingerprint = corpus_fingerprint(corpus_args)
@@ -132,6 +132,8 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
         "corpus_fingerprint": fingerprint,
         "tokenizer_files_sha256": tokenizer_digest,
     }
+    if tokenizer is None:
+        tokenizer = load_tokenizer(data_args.tokenizer_dir)
     with atomic_dir(folder) as tmp_dir:
         build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
     logger.info("packed blocks saved in %s", folder)
