@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 # Where the demo writes its runs and report.
 DEMO_DIR ?= runs/demo
@@ -30,18 +31,18 @@ test: lint
 	$(VENV)/bin/pytest
 
 demo: install
-	$(PY) -m common.demo_corpus --output_dir $(DEMO_DIR)/corpus --overwrite
-	$(PY) -m tokenizer.train --corpus $(DEMO_DIR)/corpus --output_dir $(DEMO_DIR)/tokenizer \
+	$(BIN)/write-demo-corpus --output_dir $(DEMO_DIR)/corpus --overwrite
+	$(BIN)/train-tokenizer --corpus $(DEMO_DIR)/corpus --output_dir $(DEMO_DIR)/tokenizer \
 		--vocab_size 2048 --overwrite
 	rm -rf $(DEMO_DIR)/gpt2_tiny
 	$(PY) pretrain/run.py --config pretrain/configs/tiny.yaml --corpus $(DEMO_DIR)/corpus \
 		--tokenizer_dir $(DEMO_DIR)/tokenizer --cache_dir $(DEMO_DIR)/cache \
 		--output_dir $(DEMO_DIR)/gpt2_tiny
-	$(PY) -m pretrain.generate $(DEMO_DIR)/gpt2_tiny --prompt "The for statement"
-	OMP_NUM_THREADS=1 $(PY) -m mnist.train --output_dir $(DEMO_DIR)/mnist --overwrite
-	OMP_NUM_THREADS=1 $(PY) -m mnist.train_lightning --output_dir $(DEMO_DIR)/mnist_lightning \
+	$(BIN)/generate-text $(DEMO_DIR)/gpt2_tiny --prompt "The for statement"
+	OMP_NUM_THREADS=1 $(BIN)/train-mnist --output_dir $(DEMO_DIR)/mnist --overwrite
+	OMP_NUM_THREADS=1 $(BIN)/train-mnist-lightning --output_dir $(DEMO_DIR)/mnist_lightning \
 		--overwrite
-	$(PY) -m report $(DEMO_DIR)/gpt2_tiny $(DEMO_DIR)/mnist $(DEMO_DIR)/mnist_lightning \
+	$(BIN)/run-report $(DEMO_DIR)/gpt2_tiny $(DEMO_DIR)/mnist $(DEMO_DIR)/mnist_lightning \
 		--out $(DEMO_DIR)/report --overwrite
 
 clean:

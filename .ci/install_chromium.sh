@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Headless Chromium for the TensorBoard screenshot of the run report
-# (`python -m report --tensorboard-screenshot`) and its test.
+# (`run-report --tensorboard-screenshot`) and its test.
 # Best effort: without root (or password-less sudo) or without the Debian registry the install
 # fails, this script still exits 0, and the screenshot test skips with a one-line reason.
 set -u

@@ -6,7 +6,7 @@ line, so `make demo` and the tests exercise the same reader path as the real
 `WebOfScience/WOS46985/X.txt` without a download. Like the real data, the two smaller subsets
 are prefixes of the largest one.
 
-    python -m common.demo_corpus --output_dir runs/demo/corpus
+    write-demo-corpus --output_dir runs/demo/corpus
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         [DemoCorpusArguments],
         argv,
         description=__doc__,
-        prog="python -m common.demo_corpus",
+        prog="write-demo-corpus",
     )
     path = write_demo_corpus(args.output_dir, args.max_documents, args.overwrite)
     print(path)

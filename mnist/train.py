@@ -1,7 +1,7 @@
 """Train LeNet-5 on MNIST with a plain PyTorch loop.
 
-    python -m mnist.train                                  # embedded 5k sample, CPU, ~1 minute
-    python -m mnist.train --data_dir data/mnist --on_device_data true   # full MNIST (IDX files)
+    train-mnist                                  # embedded 5k sample, CPU, ~1 minute
+    train-mnist --data_dir data/mnist --on_device_data true   # full MNIST (IDX files)
 
 Writes <output_dir>/metrics.json, model.pt and TensorBoard logs (tensorboard/).
 """
@@ -215,7 +215,7 @@ def train(args: MnistArguments) -> dict[str, Any]:
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    (args,) = parse_args([MnistArguments], argv, description=__doc__, prog="python -m mnist.train")
+    (args,) = parse_args([MnistArguments], argv, description=__doc__, prog="train-mnist")
     metrics = train(args)
     print(result_line(metrics, default_output_dir(args, TRAINER)))
     return 0

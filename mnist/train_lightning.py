@@ -1,7 +1,7 @@
 """Train LeNet-5 on MNIST with Lightning: the same flags and results as `mnist.train`.
 
-    python -m mnist.train_lightning                        # embedded 5k sample, CPU, ~1 minute
-    python -m mnist.train_lightning --data_dir data/mnist --on_device_data true   # full MNIST
+    train-mnist-lightning                        # embedded 5k sample, CPU, ~1 minute
+    train-mnist-lightning --data_dir data/mnist --on_device_data true   # full MNIST
 
 The model is the plain `LeNet5` module; `LeNet5Module` adds the training system around it
 (loss, metrics, optimizer, logging), `MnistDataModule` the data, and two callbacks the side
@@ -320,9 +320,7 @@ def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    (args,) = parse_args(
-        [MnistArguments], argv, description=__doc__, prog="python -m mnist.train_lightning"
-    )
+    (args,) = parse_args([MnistArguments], argv, description=__doc__, prog="train-mnist-lightning")
     metrics = train_with_lightning(args)
     print(result_line(metrics, default_output_dir(args, TRAINER)))
     return 0

@@ -3,7 +3,7 @@
 `pretrain/run.py` takes `ModelArguments`, `common.corpus.CorpusArguments` (which text),
 `DataArguments`, `ReportArguments` and transformers' `TrainingArguments` (optimisation,
 precision flags, checkpoints, output folder); `prepare-blocks` takes
-`CorpusArguments` and `DataArguments`; `python -m pretrain.generate` takes
+`CorpusArguments` and `DataArguments`; `generate-text` takes
 `GenerateArguments`. Each dataclass checks its own values when it is created and raises
 `InputError` (one line: what, and how to fix it), so a bad value stops the program before
 anything is read or written.

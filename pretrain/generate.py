@@ -1,6 +1,6 @@
 """Sample text from a pretrained run.
 
-    python -m pretrain.generate RUN_DIR --prompt "Deep learning" [--num_samples 3]
+    generate-text RUN_DIR --prompt "Deep learning" [--num_samples 3]
 
 RUN_DIR is a run folder of `pretrain/run.py` (its `final/` model is used) or any folder that
 `AutoModelForCausalLM.from_pretrained` loads, such as one of its `checkpoint-<step>/`.
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         [GenerateArguments],
         argv,
         description=__doc__,
-        prog="python -m pretrain.generate",
+        prog="generate-text",
     )
     for index, text in enumerate(generate_texts(args)):
         if args.num_samples > 1:

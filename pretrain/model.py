@@ -16,6 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
 
 from common.cli import InputError
 from pretrain.blocks.args import check_block_size
+from pretrain.library_fixes import use_causal_lm_loss
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +93,7 @@ def build_model_config(
 def build_model(config: GPT2Config) -> GPT2LMHeadModel:
     """A randomly initialised GPT-2 (never pretrained weights); logs its real size."""
     model = GPT2LMHeadModel(config)
-    # transformers names the loss after the class, and "GPT2LMHeadModel" names none: it would
-    # warn on every run, and Trainer would divide the shifted loss by every label instead of
-    # the block_size - 1 predicted ones per block (the loss read (T-1)/T of its value).
-    model.loss_type = "ForCausalLM"
+    use_causal_lm_loss(model)
     logger.info(
         "GPT-2 %d layers x %d wide, %d heads, vocab %d: %s parameters (%s without position "
         "embeddings), attention %s",

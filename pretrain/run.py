@@ -12,7 +12,6 @@ The run folder (`--output_dir`) receives `checkpoint-<step>/`, `tensorboard/`,
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import time
@@ -44,7 +43,11 @@ from pretrain.callbacks import (
 )
 from pretrain.checkpoints import checkpoint_global_step, resolve_resume_checkpoint, save_final_model
 from pretrain.gpu import accelerator_name, peak_flops_per_second
-from pretrain.library_fixes import apply_library_fixes
+from pretrain.library_fixes import (
+    apply_library_fixes,
+    quiet_deepspeed_cpu_notice,
+    trainer_creation_environment,
+)
 from pretrain.loss import use_chunked_loss
 from pretrain.model import build_model, build_model_config, count_parameters, flops_per_token
 from pretrain.precision import PrecisionChoice, resolve_precision
@@ -267,32 +270,6 @@ def speed_settings(
     }
 
 
-@contextmanager
-def trainer_creation_environment(log_dir: Path, regional_compilation: bool) -> Iterator[None]:
-    """While Trainer is created, the environment variables it reads there and only there.
-
-    transformers 5 takes TensorBoard's folder from TENSORBOARD_LOGGING_DIR (`logging_dir` is
-    gone), read once by the callback's constructor; accelerate decides whether
-    `--torch_compile` compiles each repeated block on its own from
-    ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION, read once by the TorchDynamoPlugin that Trainer
-    builds. The variables are restored afterwards.
-    """
-    values = {
-        "TENSORBOARD_LOGGING_DIR": str(log_dir),
-        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true" if regional_compilation else "false",
-    }
-    previous = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
-
-
 def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
     """Train to the end and save `final/`; or the signal that stopped training at a checkpoint."""
     trainer = setup.trainer
@@ -388,17 +365,11 @@ def library_progress_bars(enabled: bool) -> Iterator[None]:
             transformers.utils.logging.enable_progress_bar()
 
 
-def _is_not_deepspeed_cpu_notice(record: logging.LogRecord) -> bool:
-    # DeepSpeed, imported by accelerate whenever it is installed, announces on every start
-    # without a GPU that it uses the CPU; the run logs the device it trains on itself.
-    return not record.getMessage().startswith("Setting accelerator to CPU")
-
-
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     launched_at = psutil.Process().create_time()
     args = parse_pretrain_args(argv)
-    logging.getLogger("DeepSpeed").addFilter(_is_not_deepspeed_cpu_notice)
+    quiet_deepspeed_cpu_notice()
     with library_progress_bars(enabled=not args.training.disable_tqdm):
         return pretrain(args, launched_at)
 

@@ -1,4 +1,4 @@
-"""Command line of the run report: `python -m report RUN_DIR [RUN_DIR ...] --out DIR`."""
+"""Command line of the run report: `run-report RUN_DIR [RUN_DIR ...] --out DIR`."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def parse_report_args(argv: list[str] | None) -> tuple[list[str], RunReportArgum
     """The run folders and the options."""
     parser = command_line_parser(
         [RunReportArguments],
-        prog="python -m report",
+        prog="run-report",
         description="Figures and a Markdown report (report.md) from one or more run folders.",
     )
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""The run report (python -m report) on real tiny runs of both stages, and on damaged run
+"""The run report (run-report) on real tiny runs of both stages, and on damaged run
 folders."""
 
 from __future__ import annotations
