@@ -16,10 +16,10 @@ from the same random weights, in a subprocess of its own:
 
 All run eagerly with transformers' loss, as our loop does, so the rows differ by their
 parallelism only; on GPUs Trainer trains in the accelerate config's precision (bf16) and our
-loop in fp32 (the table says which). Trainer and our loop order the blocks differently, so each
-row's loss is compared with the one-process run of its own loop: ddp, fsdp, zero2 and zero3
-with `single`; tp and the pipelines with `single-loop` (added when a strategy needs it). Per
-strategy the table gives the loss of the last step and its difference from the reference, the
+loop in fp32 (the table says which). Both loops read the blocks in the same seeded order and
+write the same run_summary.json, so every row's loss is compared with one reference, `single`
+(pretrain/run.py in one process; added when a strategy needs it). Per strategy the table
+gives the loss of the last step and its difference from the reference, the
 parameter and optimizer-state bytes and the peak memory of the process that holds the most,
 the step time (the first step, warm-up, left out) and tokens/s.
 
@@ -30,34 +30,29 @@ strategy that fails is a row with its error, and the command then exits with 1.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shlex
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accelerate.utils.other import get_free_port
 from matplotlib.figure import Figure
 
+from bench.variants import run_variant, steady_step_seconds
 from common.cli import InputError, entry_point, parse_args
 from common.files import write_json_atomic
 from common.run_contract import (
-    GPT_SUMMARY_FILE,
-    MODEL_PARALLEL_SUMMARY_FILE,
     PARALLELISM_COMPARISON_FIGURE,
     PARALLELISM_COMPARISON_FILE,
     PARALLELISM_COMPARISON_TABLE,
     PARALLELISM_COMPARISON_VERSION,
 )
 from common.system import hardware_description, library_versions
+from report.build import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -102,11 +97,18 @@ def _trainer(name: str, cpu: str, cuda: str, granted: str) -> StrategySpec:
     return StrategySpec(name, "single", {"cpu": cpu, "cuda": cuda}, granted=granted)
 
 
-def _loop(name: str, *options: str) -> StrategySpec:
-    return StrategySpec(name, "single-loop", loop_options=("--strategy", *options), granted=name)
+def _loop(name: str, *options: str, distributed: bool = True) -> StrategySpec:
+    granted = "single" if not distributed else name
+    return StrategySpec(
+        name,
+        "single",
+        loop_options=("--strategy", *options),
+        granted=granted,
+        distributed=distributed,
+    )
 
 
-STRATEGIES = {
+STRATEGY_SPECS = {
     spec.name: spec
     for spec in (
         StrategySpec(
@@ -120,13 +122,7 @@ STRATEGIES = {
         _trainer("fsdp", "cpu_fsdp.yaml", "fsdp.yaml", "fsdp2"),
         _trainer("zero2", "cpu_deepspeed_zero2.yaml", "deepspeed_zero2.yaml", "zero2"),
         _trainer("zero3", "cpu_deepspeed_zero3.yaml", "deepspeed_zero3.yaml", "zero3"),
-        StrategySpec(
-            "single-loop",
-            None,
-            loop_options=("--strategy", "single"),
-            granted="single",
-            distributed=False,
-        ),
+        _loop("single-loop", "single", distributed=False),
         _loop("tp", "tp"),
         _loop("pp-gpipe", "pp", "--pipeline_schedule", "gpipe"),
         _loop("pp-1f1b", "pp", "--pipeline_schedule", "1f1b"),
@@ -145,11 +141,10 @@ class ComparisonArguments:
         }
     )
     strategies: list[str] = field(
-        default_factory=lambda: list(STRATEGIES),
+        default_factory=lambda: list(STRATEGY_SPECS),
         metadata={
             "help": "Strategies to run, in this order: "
-            f"{', '.join(STRATEGIES)}. The reference a chosen one is compared with "
-            "(single or single-loop) is added."
+            f"{', '.join(STRATEGY_SPECS)}. The reference, single, is added."
         },
     )
     num_processes: int = field(
@@ -207,10 +202,11 @@ class ComparisonArguments:
     overwrite: bool = field(default=False, metadata={"help": "Replace an existing --output_dir."})
 
     def __post_init__(self) -> None:
-        unknown = [name for name in self.strategies if name not in STRATEGIES]
+        unknown = [name for name in self.strategies if name not in STRATEGY_SPECS]
         if unknown:
             raise InputError(
-                f"--strategies {' '.join(unknown)}: unknown; choose from {', '.join(STRATEGIES)}"
+                f"--strategies {' '.join(unknown)}: unknown; choose from "
+                f"{', '.join(STRATEGY_SPECS)}"
             )
         if self.device not in DEVICES:
             raise InputError(f"--device {self.device} is not one of {', '.join(DEVICES)}")
@@ -238,10 +234,10 @@ class ComparisonArguments:
             )
 
     def chosen_strategies(self) -> list[StrategySpec]:
-        """The chosen strategies and their references, in the order of STRATEGIES."""
+        """The chosen strategies and their references, in the order of STRATEGY_SPECS."""
         wanted = set(self.strategies)
-        wanted |= {STRATEGIES[name].reference for name in self.strategies} - {None}
-        return [spec for name, spec in STRATEGIES.items() if name in wanted]
+        wanted |= {STRATEGY_SPECS[name].reference for name in self.strategies} - {None}
+        return [spec for name, spec in STRATEGY_SPECS.items() if name in wanted]
 
 
 @dataclass
@@ -274,12 +270,6 @@ class ComparisonRow:
         return self.error is None
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def training_argv(
     args: ComparisonArguments, spec: StrategySpec, run_dir: Path, blocks_per_process: int
 ) -> list[str]:
@@ -306,9 +296,9 @@ def training_argv(
     for name in ("tokenizer_dir", "cache_dir", "max_train_tokens"):
         if getattr(args, name) is not None:
             argv += [f"--{name}", str(getattr(args, name))]
+    argv += ["--final_loss_window", "1"]  # the last step's loss
     if spec.uses_trainer:
-        return [*argv, "--final_loss_window", "1"]  # the last step's loss, as our loop's
-    argv += ["--report_to", "none"]  # our loop writes no TensorBoard
+        return argv
     if spec.is_pipeline and args.num_microbatches is not None:
         argv += ["--num_microbatches", str(args.num_microbatches)]
     return [*spec.loop_options, *argv]
@@ -330,7 +320,7 @@ def launch_command(
             "--config_file", str(config), "--num_processes", str(num_processes),
         ]  # fmt: skip
         if spec.distributed:
-            launcher += ["--main_process_port", str(free_port())]
+            launcher += ["--main_process_port", str(get_free_port())]
         return [*launcher, str(RUN_SCRIPT), *training]
     if not spec.distributed:
         return [sys.executable, "-m", "pretrain.parallel.train", *training]
@@ -352,88 +342,25 @@ def child_environment(device: str) -> dict[str, str]:
     return env
 
 
-def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
-    """Run `command` with its output in `log_path`; its exit code. Raises TimeoutExpired after
-    `timeout_s`.
-
-    The launcher and its workers form one process group, stopped together on a timeout or an
-    interrupt: killing the launcher alone would leave its workers training.
-    """
-    with log_path.open("w", encoding="utf-8") as log:
-        log.write(shlex.join(command) + "\n")
-        log.flush()
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            return process.wait(timeout=timeout_s)
-        except BaseException:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            raise
-
-
-# The launchers' own closing words when a worker failed: they say that, not why.
-LAUNCHER_FAILURES = ("CalledProcessError", "ChildFailedError")
-EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
-
-
-def error_line(log_text: str) -> str:
-    """Why a strategy failed, in one line: our `error:` line, else the last exception that is
-    not the launcher's, else the log's last line."""
-    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("error:"):
-            return line
-    for line in reversed(lines):
-        if EXCEPTION_LINE.match(line) and not line.startswith(LAUNCHER_FAILURES):
-            return line
-    return lines[-1] if lines else "no output"
-
-
 def max_over_ranks(records: list[dict[str, Any]], *keys: str) -> int:
     return max(sum(record[key] for key in keys) for record in records)
 
 
-def read_trainer_summary(row: ComparisonRow, summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Fill `row` from pretrain/run.py's run_summary.json; the per-rank footprints."""
+def read_summary(row: ComparisonRow, spec: StrategySpec, summary: dict[str, Any]) -> None:
+    """Fill `row` from the strategy's run_summary.json (the same file whichever loop trained),
+    or set its error when the run was not what was asked."""
     parallelism = summary["parallelism"]
+    ranks = parallelism["ranks"]
     row.granted = parallelism["strategy"]
-    row.precision = summary["speed_settings"]["precision"]
-    row.global_batch_tokens = summary["global_batch_tokens"]
-    row.final_loss = summary["final_loss"]
-    steps = summary["global_step"]
-    row.step_seconds = (summary["train_loop_seconds"] - summary["first_step_seconds"]) / (steps - 1)
-    return parallelism["ranks"]
-
-
-def read_loop_summary(row: ComparisonRow, summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Fill `row` from pretrain.parallel.train's summary; the per-rank footprints."""
-    schedule = summary["pipeline_schedule"]
-    row.granted = summary["strategy"] + (f"-{schedule}" if schedule else "")
-    row.precision = "fp32"  # the only precision of our loop
-    row.global_batch_tokens = summary["global_batch_tokens"]
-    row.final_loss = summary["final_loss"]
-    row.step_seconds = summary["step_seconds"]  # the median step after the first
-    return summary["footprint"]
-
-
-def read_result(row: ComparisonRow, spec: StrategySpec, run_dir: Path) -> None:
-    """Fill `row` from the run folder's summary, or set its error."""
-    summary_path = run_dir / (
-        GPT_SUMMARY_FILE if spec.uses_trainer else MODEL_PARALLEL_SUMMARY_FILE
-    )
-    if not summary_path.is_file():
-        row.error = f"exited with 0 but wrote no {summary_path.name}"
-        return
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    reader = read_trainer_summary if spec.uses_trainer else read_loop_summary
-    ranks = reader(row, summary)
     if row.granted != spec.granted or len(ranks) != row.num_processes:
         row.error = (
             f"asked for {spec.granted} on {row.num_processes} process(es), ran {row.granted} "
             f"on {len(ranks)}"
         )
+    row.precision = summary["speed_settings"]["precision"]
+    row.global_batch_tokens = summary["global_batch_tokens"]
+    row.final_loss = summary["final_loss"]
+    row.step_seconds = steady_step_seconds(summary)
     row.parameter_bytes = max_over_ranks(ranks, "parameter_bytes")
     row.optimizer_state_bytes = max_over_ranks(ranks, "optimizer_state_bytes")
     row.parameter_and_optimizer_bytes = max_over_ranks(
@@ -465,19 +392,13 @@ def run_strategy(args: ComparisonArguments, spec: StrategySpec, output_dir: Path
     logger.info(
         "%s: %d process(es), %d blocks each; log %s", spec.name, num_processes, blocks, log_path
     )
-    started = time.perf_counter()
-    try:
-        returncode = run_logged(
-            command, child_environment(args.device), log_path, args.timeout_minutes * 60
-        )
-    except subprocess.TimeoutExpired:
-        row.error = f"stopped after --timeout_minutes {args.timeout_minutes:g}"
-    else:
-        if returncode != 0:
-            row.error = f"exit code {returncode}: {error_line(log_path.read_text('utf-8'))}"
-        else:
-            read_result(row, spec, run_dir)
-    row.wall_seconds = time.perf_counter() - started
+    outcome = run_variant(
+        command, run_dir, log_path, child_environment(args.device), args.timeout_minutes * 60
+    )
+    row.wall_seconds = outcome.wall_seconds
+    row.error = outcome.error
+    if outcome.summary is not None:
+        read_summary(row, spec, outcome.summary)
     if row.succeeded:
         logger.info(
             "%s: final loss %.6f, %.0f tokens/s, %.0f s", spec.name, row.final_loss,
@@ -526,9 +447,8 @@ def comparison_table(rows: list[ComparisonRow]) -> list[str]:
         "parameters/process", "optimizer state/process", "peak memory/process", "step time",
         "tokens/s", "result",
     ]  # fmt: skip
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for row in rows:
-        cells = [
+    body = [
+        [
             row.strategy,
             str(row.num_processes),
             str(row.blocks_per_process),
@@ -542,8 +462,9 @@ def comparison_table(rows: list[ComparisonRow]) -> list[str]:
             "-" if row.tokens_per_second is None else f"{row.tokens_per_second:,.0f}",
             "ok" if row.succeeded else "failed: " + row.error.replace("|", "/"),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        for row in rows
+    ]
+    return markdown_table(header, body)
 
 
 def draw_comparison(rows: list[ComparisonRow], path: Path) -> None:

@@ -14,7 +14,7 @@
 #   3. packed blocks: exactly 12,000,000 training tokens (the corpus repeated if smaller);
 #   4. runs (bench/gpu_ablation.py): the shipped pretrain/configs/gpt2_117m.yaml on the whole
 #      budget, then one-lever variants for a few dozen steps each; prints the table.
-# The table goes to <output_dir>/runs/table.txt, each stage's seconds to <output_dir>/stages.txt.
+# The table goes to <output_dir>/runs/table.md, each stage's seconds to <output_dir>/stages.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -23,17 +23,16 @@ in a minute or two; its numbers mean nothing.
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from bench.variants import run_variant, steady_step_seconds
 from common.cli import InputError, entry_point, parse_args
-from common.run_contract import GPT_SUMMARY_FILE
+from report.build import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -121,16 +120,17 @@ def compiles(command: list[str]) -> bool:
     return bool(yaml.safe_load(MAIN_CONFIG.read_text()).get("torch_compile", False))
 
 
-def run_variant(args: AblationArguments, name: str) -> dict:
-    """Run one variant as its own process; return its run summary."""
-    command = variant_command(args, name)
-    logger.info("%s: %s", name, " ".join(command))
-    completed = subprocess.run(command, cwd=REPO_ROOT, check=False)
-    summary_path = Path(args.output_dir) / name / GPT_SUMMARY_FILE
-    if completed.returncode != 0 or not summary_path.is_file():
-        logger.error("%s failed with exit code %d", name, completed.returncode)
-        return {"failed": completed.returncode}
-    return json.loads(summary_path.read_text())
+def train_variant(args: AblationArguments, name: str) -> dict:
+    """Run one variant as its own process; its run summary, or {"failed": why}."""
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log_path = output_dir / f"{name}.log"
+    logger.info("%s: log %s", name, log_path)
+    outcome = run_variant(variant_command(args, name), output_dir / name, log_path)
+    if outcome.summary is None:
+        logger.error("%s failed: %s", name, outcome.error)
+        return {"failed": outcome.error}
+    return outcome.summary
 
 
 HEADER = [
@@ -160,16 +160,13 @@ def first_step_extra_seconds(summary: dict) -> float | None:
 
 def tokens_per_second_after_first_step(summary: dict) -> float | None:
     """The steady speed: every step but the first (a last partial batch counts as full)."""
-    first, loop = summary.get("first_step_seconds"), summary.get("train_loop_seconds")
-    steps = summary.get("global_step", 0) - summary.get("resumed_from_step", 0)
-    if first is None or loop is None or steps < 2 or loop <= first:
-        return None
-    return (steps - 1) * summary["global_batch_tokens"] / (loop - first)
+    step_seconds = steady_step_seconds(summary)
+    return None if step_seconds is None else summary["global_batch_tokens"] / step_seconds
 
 
 def format_row(name: str, summary: dict) -> list[str]:
     if "failed" in summary:
-        return [name, f"FAILED (exit {summary['failed']})"] + [""] * (len(HEADER) - 2)
+        return [name, f"FAILED: {summary['failed']}".replace("|", "/")] + [""] * (len(HEADER) - 2)
 
     def number(key: str, fmt: str) -> str:
         value = summary.get(key)
@@ -192,14 +189,6 @@ def format_row(name: str, summary: dict) -> list[str]:
     ]
 
 
-def format_table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
-    lines = [" | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-             for row in [HEADER, *rows]]  # fmt: skip
-    lines.insert(1, "-+-".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     (args,) = parse_args(
@@ -208,9 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         prog="bench/gpu_ablation.py",
     )
-    summaries = {name: run_variant(args, name) for name in args.variants}
-    table = format_table([format_row(name, summary) for name, summary in summaries.items()])
-    Path(args.output_dir, "table.txt").write_text(table + "\n", encoding="utf-8")
+    summaries = {name: train_variant(args, name) for name in args.variants}
+    table = "\n".join(
+        markdown_table(HEADER, [format_row(name, summary) for name, summary in summaries.items()])
+    )
+    Path(args.output_dir, "table.md").write_text(table + "\n", encoding="utf-8")
     print(table)
     return 1 if any("failed" in summary for summary in summaries.values()) else 0
 

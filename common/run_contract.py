@@ -110,10 +110,6 @@ PROBE_REQUIRED_KEYS = (
 )
 PROBE_METHOD_REQUIRED_KEYS = ("accuracy", "macro_f1", "confusion_matrix", "train_seconds")
 
-# pretrain/parallel/train.py writes this summary last (tensor / pipeline parallel and their
-# one-process reference), into its --output_dir.
-MODEL_PARALLEL_SUMMARY_FILE = "model_parallel_summary.json"
-
 # bench/compare_parallelism.py writes these into its --output_dir, beside one run folder per
 # strategy: the comparison (JSON, written last), its table (Markdown) and its figure.
 PARALLELISM_COMPARISON_FILE = "parallelism_comparison.json"

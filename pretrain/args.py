@@ -15,13 +15,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from transformers import TrainingArguments
+from transformers import GPT2Config, PreTrainedTokenizerBase, TrainingArguments
 
 from common.cli import InputError
 from common.corpus import CorpusArguments
 from pretrain.blocks.args import DataArguments
 from pretrain.loss import LOSS_IMPLEMENTATIONS
-from pretrain.model import PRESETS
+from pretrain.model import PRESETS, build_model_config
 
 
 @dataclass
@@ -69,6 +69,17 @@ class ModelArguments:
             "reused, which starts much sooner than compiling the whole model as one graph."
         },
     )
+
+    def model_config(self, tokenizer: PreTrainedTokenizerBase, block_size: int) -> GPT2Config:
+        """The GPT-2 these options ask for, around `tokenizer`, for `block_size` blocks."""
+        return build_model_config(
+            self.model_preset,
+            tokenizer,
+            block_size,
+            vocab_size=self.vocab_size,
+            dropout=self.dropout,
+            attn_implementation=self.attn_implementation,
+        )
 
     def __post_init__(self) -> None:
         if self.loss_implementation not in LOSS_IMPLEMENTATIONS:

@@ -79,6 +79,13 @@ class BlockSchedule:
         return cls(num_train_blocks, batch_blocks, block_size, steps)
 
     @property
+    def last_batch_blocks(self) -> int:
+        """Blocks in the last step: a full batch, or what is left of one pass."""
+        return min(
+            self.batch_blocks, self.num_train_blocks - (self.max_steps - 1) * self.batch_blocks
+        )
+
+    @property
     def batch_tokens(self) -> int:
         return self.batch_blocks * self.block_size
 

@@ -22,110 +22,99 @@ from transformers.integrations import TensorBoardCallback
 from common.run_contract import MFU, TOKENS_PER_SECOND
 from pretrain.batches import BlockSchedule
 from pretrain.footprint import gather_footprints, rank_footprint
-from pretrain.gpu import GpuSampler, peak_memory_gib, write_nvidia_smi_snapshot
-from pretrain.summary import LoopRecord
+from pretrain.gpu import GpuReadings, write_nvidia_smi_snapshot
+from pretrain.model import model_flops_utilization
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
-class ThroughputCallback(TrainerCallback):
-    """Tokens/s and MFU over each logging window, plus NVML readings, as TensorBoard scalars.
+class LoopClock:
+    """Times a training loop, whichever it is: the whole loop, its first step (compilation
+    happens there), and each logging window's tokens/s and MFU with the GPU's readings, as
+    TensorBoard scalars; takes one `nvidia-smi` snapshot halfway through.
 
-    Also times the training loop as a whole and its first step (compilation happens there),
-    keeps the peak GPU memory, and takes one `nvidia-smi` snapshot halfway through;
-    `loop_record()` returns these for the run summary.
+    The loop calls `start` before its first step, `step_done` after each step, `window` at each
+    logging step (where it synchronises with the device anyway), and `stop` after the last.
     """
 
     def __init__(
         self,
-        tensorboard: TensorBoardCallback | None,
         schedule: BlockSchedule,
         flops_per_token: float,
         peak_flops_per_second: float | None,
-        num_devices: int,
+        device: torch.device,
         snapshot_path: Path,
     ) -> None:
-        self.tensorboard = tensorboard
         self.schedule = schedule
         self.flops_per_token = flops_per_token
-        # The whole job's peak: every device runs the same model on its own share of the batch.
-        self.peak_flops_per_second = (
-            peak_flops_per_second * num_devices if peak_flops_per_second else None
-        )
+        self.peak_flops_per_second = peak_flops_per_second
         self.snapshot_path = snapshot_path
-        self.gpu_sampler = GpuSampler()
+        self.gpu = GpuReadings(device)
         self.snapshot_taken = False
         self.loop_start: float | None = None
         self.loop_seconds: float | None = None
         self.first_step_seconds: float | None = None
-        self.peak_memory_gib: float | None = None
-        self.start_step = 0
-        self.end_step = 0
         self._window_start = 0.0
         self._window_step = 0
 
-    def mfu(self, tokens_per_second: float) -> float | None:
-        """Model FLOPs utilisation: achieved training FLOP/s over the devices' peak."""
-        if self.peak_flops_per_second is None:
-            return None
-        return tokens_per_second * self.flops_per_token / self.peak_flops_per_second
-
-    def tokens_per_second(self, start_step: int, end_step: int, seconds: float) -> float:
-        tokens = self.schedule.tokens_seen(end_step) - self.schedule.tokens_seen(start_step)
-        return tokens / seconds
-
-    def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+    def start(self, step: int) -> None:
         self.loop_start = self._window_start = time.perf_counter()
-        self.start_step = self._window_step = state.global_step
+        self._window_step = step
 
-    def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+    def step_done(self) -> None:
         if self.first_step_seconds is None and self.loop_start is not None:
             self.first_step_seconds = time.perf_counter() - self.loop_start
 
-    def on_log(self, args, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
-        if not logs or "loss" not in logs or state.global_step <= self._window_step:
-            return  # evaluation or end-of-training summaries, or nothing new
+    def window(self, step: int) -> dict[str, float]:
+        """The scalars of the logging window that ends at `step` (empty when nothing new)."""
+        if step <= self._window_step:
+            return {}
         now = time.perf_counter()
-        tokens_per_second = self.tokens_per_second(
-            self._window_step, state.global_step, now - self._window_start
+        tokens = self.schedule.tokens_seen(step) - self.schedule.tokens_seen(self._window_step)
+        tokens_per_second = tokens / (now - self._window_start)
+        self._window_start, self._window_step = now, step
+        scalars = {TOKENS_PER_SECOND: tokens_per_second, **self.gpu.read()}
+        mfu = model_flops_utilization(
+            tokens_per_second, self.flops_per_token, self.peak_flops_per_second
         )
-        self._window_start, self._window_step = now, state.global_step
-        if not state.is_world_process_zero:
-            return
-        scalars = {TOKENS_PER_SECOND: tokens_per_second, **self.gpu_sampler.read()}
-        mfu = self.mfu(tokens_per_second)
         if mfu is not None:
             scalars[MFU] = mfu
-        writer = self.tensorboard.tb_writer if self.tensorboard else None
-        if writer is not None:
-            for tag, value in scalars.items():
-                writer.add_scalar(tag, value, state.global_step)
-        if not self.snapshot_taken and state.global_step >= state.max_steps // 2:
+        if not self.snapshot_taken and step >= self.schedule.max_steps // 2:
             self.snapshot_taken = True
             write_nvidia_smi_snapshot(self.snapshot_path)
+        return scalars
 
-    def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+    def stop(self) -> None:
         if self.loop_start is not None:
             self.loop_seconds = time.perf_counter() - self.loop_start
-        self.end_step = state.global_step
-        self.peak_memory_gib = peak_memory_gib(args.device)
 
-    def loop_record(self) -> LoopRecord:
-        """The whole loop of this session: time, speed (first step included), peak memory."""
-        tokens_per_second = None
-        if self.loop_seconds and self.end_step > self.start_step:
-            tokens_per_second = self.tokens_per_second(
-                self.start_step, self.end_step, self.loop_seconds
-            )
-        return LoopRecord(
-            train_loop_seconds=self.loop_seconds,
-            first_step_seconds=self.first_step_seconds,
-            peak_memory_gib=self.peak_memory_gib,
-            tokens_per_second=tokens_per_second,
-            mfu=None if tokens_per_second is None else self.mfu(tokens_per_second),
-        )
+
+class ThroughputCallback(TrainerCallback):
+    """`LoopClock` in Trainer's loop: its window scalars go to Trainer's TensorBoard writer."""
+
+    def __init__(self, tensorboard: TensorBoardCallback | None, clock: LoopClock) -> None:
+        self.tensorboard = tensorboard
+        self.clock = clock
+
+    def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        self.clock.start(state.global_step)
+
+    def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        self.clock.step_done()
+
+    def on_log(self, args, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return  # evaluation or end-of-training summaries
+        scalars = self.clock.window(state.global_step)
+        writer = self.tensorboard.tb_writer if self.tensorboard else None
+        if state.is_world_process_zero and writer is not None:
+            for tag, value in scalars.items():
+                writer.add_scalar(tag, value, state.global_step)
+
+    def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        self.clock.stop()
 
 
 class FootprintCallback(TrainerCallback):

@@ -1,5 +1,5 @@
-"""What the GPU is doing: NVML readings, an `nvidia-smi` snapshot, its name, peak FLOP/s and the
-most memory the run's tensors held.
+"""What the GPU is doing: its readings (utilisation, memory, power), an `nvidia-smi` snapshot,
+its name and peak FLOP/s.
 
 Every function here is a no-op (or returns None) on a machine without an NVIDIA GPU, so
 training code calls them unconditionally.
@@ -54,9 +54,16 @@ def accelerator_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def peak_memory_gib(device: torch.device) -> float | None:
-    """The most GPU memory this process's tensors held at once (GiB); None on CPU."""
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+def job_peak_flops_per_second(
+    peak_tflops: float | None, device: torch.device, num_devices: int
+) -> float | None:
+    """The whole job's peak FLOP/s: one device's (`peak_tflops` when given, else looked up by
+    the GPU's name) times the devices, each running the model on its share of the batch."""
+    if peak_tflops:
+        one_device = peak_tflops * 1e12
+    else:
+        one_device = peak_flops_per_second(accelerator_name(device))
+    return None if one_device is None else one_device * num_devices
 
 
 def peak_flops_per_second(device_name: str) -> float | None:
@@ -68,65 +75,32 @@ def peak_flops_per_second(device_name: str) -> float | None:
     return None
 
 
-class GpuSampler:
-    """NVML readings (utilisation, memory, power) of one CUDA device, keyed by TensorBoard tag.
+class GpuReadings:
+    """Utilisation, memory in use and power draw of one CUDA device, keyed by TensorBoard tag.
 
-    `GpuSampler()` watches the current CUDA device of this process; without a GPU or without
-    the NVML library, `read()` returns an empty dict.
+    torch.cuda reads them through NVML (and finds the device NVML numbers differently under
+    CUDA_VISIBLE_DEVICES); without a GPU `read()` returns an empty dict, and the first failed
+    reading (no NVML library) says so once and stops the readings.
     """
 
-    def __init__(self, device_index: int | None = None) -> None:
-        self._handle = None
-        self._nvml = None
-        if not torch.cuda.is_available():
-            return
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            index = torch.cuda.current_device() if device_index is None else device_index
-            self._handle = _nvml_handle(pynvml, torch.cuda.get_device_properties(index))
-            self._nvml = pynvml
-        except Exception as err:  # NVML missing or too old: sampling is optional
-            logger.warning("GPU sampling disabled: NVML unavailable (%s)", err)
-            self._handle = None
-
-    @property
-    def enabled(self) -> bool:
-        return self._handle is not None
+    def __init__(self, device: torch.device) -> None:
+        self.device = device if device.type == "cuda" else None
 
     def read(self) -> dict[str, float]:
-        """Current utilisation (%), memory in use (GiB) and power draw (W); empty without a GPU."""
-        if self._handle is None:
+        """Current utilisation (%), memory in use on the device (GiB) and power draw (W)."""
+        if self.device is None:
             return {}
-        nvml = self._nvml
         try:
-            utilization = nvml.nvmlDeviceGetUtilizationRates(self._handle)
-            memory = nvml.nvmlDeviceGetMemoryInfo(self._handle)
-            power_milliwatts = nvml.nvmlDeviceGetPowerUsage(self._handle)
-        except nvml.NVMLError as err:
-            logger.warning("GPU sampling stopped: %s", err)
-            self._handle = None
+            free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
+            return {
+                GPU_UTILIZATION: float(torch.cuda.utilization(self.device)),
+                GPU_MEMORY_USED: (total_bytes - free_bytes) / 2**30,
+                GPU_POWER: torch.cuda.power_draw(self.device) / 1000.0,
+            }
+        except Exception as err:  # noqa: BLE001 (no NVML library, or a driver too old for it)
+            logger.warning("GPU readings stopped: %s", err)
+            self.device = None
             return {}
-        return {
-            GPU_UTILIZATION: float(utilization.gpu),
-            GPU_MEMORY_USED: memory.used / 2**30,
-            GPU_POWER: power_milliwatts / 1000.0,
-        }
-
-
-def _nvml_handle(pynvml, properties):
-    """NVML's handle for a CUDA device. NVML numbers GPUs physically, CUDA after
-    CUDA_VISIBLE_DEVICES, so match by UUID, else by PCI address."""
-    uuid = str(properties.uuid)
-    try:
-        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-    except pynvml.NVMLError:
-        bus_id = (
-            f"{properties.pci_domain_id:08x}:{properties.pci_bus_id:02x}:"
-            f"{properties.pci_device_id:02x}.0"
-        )
-        return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
 
 
 def write_nvidia_smi_snapshot(path: str | Path) -> bool:

@@ -128,3 +128,13 @@ def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:
     config = model.config
     num_matmul_parameters = count_parameters(model, exclude_position_embeddings=True)
     return 6 * num_matmul_parameters + 12 * config.n_layer * config.n_embd * sequence_length
+
+
+def model_flops_utilization(
+    tokens_per_second: float | None, flops_per_token: float, peak_flops_per_second: float | None
+) -> float | None:
+    """Model FLOPs utilisation: the training FLOP/s the tokens took (`flops_per_token`) over
+    the devices' peak; None without a speed or a known peak (e.g. on CPU)."""
+    if tokens_per_second is None or peak_flops_per_second is None:
+        return None
+    return tokens_per_second * flops_per_token / peak_flops_per_second

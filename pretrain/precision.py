@@ -33,6 +33,11 @@ class PrecisionChoice:
     source: str
     tf32: bool
 
+    @property
+    def name(self) -> str:
+        """ "bf16", "fp16" or "fp32"."""
+        return "fp32" if self.mixed_precision == "no" else self.mixed_precision
+
 
 def _launcher_precision() -> str | None:
     value = os.environ.get(LAUNCHER_PRECISION_VARIABLE, "no").lower()
@@ -96,7 +101,7 @@ def resolve_precision(training_args: TrainingArguments) -> PrecisionChoice:
     choice = PrecisionChoice(mixed_precision=mixed_precision, source=source, tf32=bool(tf32))
     logger.info(
         "precision: %s (%s), TF32 %s",
-        "fp32" if mixed_precision == "no" else mixed_precision,
+        choice.name,
         source,
         "on" if choice.tf32 else "off",
     )

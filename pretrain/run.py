@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,10 +23,12 @@ from typing import Any
 import datasets
 import psutil
 import transformers
+from accelerate.utils import gather_object
 from transformers import GPT2Config, PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
 
 from common.cli import InputError, entry_point, parse_args
 from common.corpus import CorpusArguments
+from common.files import write_json_atomic
 from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, NVIDIA_SMI_FILE, TENSORBOARD_DIR
 from common.tokenization import load_tokenizer
 from pretrain.args import ModelArguments, PretrainArguments, ReportArguments
@@ -37,36 +38,35 @@ from pretrain.blocks.packing import copy_document_split, load_blocks, prepare_bl
 from pretrain.callbacks import (
     CheckpointOnSignalCallback,
     FootprintCallback,
+    LoopClock,
     ThroughputCallback,
     continue_tensorboard_log,
     find_tensorboard_callback,
 )
 from pretrain.checkpoints import checkpoint_global_step, resolve_resume_checkpoint, save_final_model
-from pretrain.gpu import accelerator_name, peak_flops_per_second
+from pretrain.gpu import job_peak_flops_per_second
 from pretrain.library_fixes import (
     apply_library_fixes,
     quiet_deepspeed_cpu_notice,
     trainer_creation_environment,
 )
 from pretrain.loss import use_chunked_loss
-from pretrain.model import build_model, build_model_config, count_parameters, flops_per_token
+from pretrain.model import build_model, count_parameters, flops_per_token
 from pretrain.precision import PrecisionChoice, resolve_precision
 from pretrain.strategy import (
     Request,
-    Strategy,
     check_processes_joined,
     check_request_fits_device,
     check_strategy,
     requested_strategy,
 )
 from pretrain.summary import (
-    OutcomeRecord,
-    ParallelismRecord,
-    PlanRecord,
-    RunSummary,
-    SetupRecord,
-    final_training_loss,
-    replica_checksums,
+    LoopResult,
+    RunSetup,
+    headline,
+    parameter_checksum,
+    run_summary,
+    speed_settings,
 )
 
 logger = logging.getLogger(__name__)
@@ -80,22 +80,22 @@ class RunPlan:
     model_config: GPT2Config
     precision: PrecisionChoice
     blocks: datasets.DatasetDict
+    data: dict[str, Any]  # the cache folder and its stats.json
     schedule: BlockSchedule
     resume_checkpoint: Path | None
+    resumed_from_step: int
     request: Request
-    record: PlanRecord
 
 
 @dataclass
 class TrainerSetup:
-    """A Trainer ready to train, the callbacks the run reads back, and what was built."""
+    """A Trainer ready to train, the callbacks the run reads back, and what was decided."""
 
     trainer: Trainer
-    strategy: Strategy
-    throughput: ThroughputCallback
+    clock: LoopClock
     footprint: FootprintCallback
     stop_on_signal: CheckpointOnSignalCallback
-    record: SetupRecord
+    run: RunSetup
 
 
 def pretrain(args: PretrainArguments, launched_at: float) -> int:
@@ -105,11 +105,11 @@ def pretrain(args: PretrainArguments, launched_at: float) -> int:
     stopped_by = train(setup, plan)
     if stopped_by is not None:
         return 128 + int(stopped_by)
-    summary = summarise(args, plan, setup, launched_at)
+    summary = run_summary(setup.run, measure(setup, plan), launched_at)
     if setup.trainer.is_world_process_zero():
         output_dir = Path(args.training.output_dir)
-        summary.write(output_dir / GPT_SUMMARY_FILE)
-        print(f"{summary.headline()}; run folder {output_dir}")
+        write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
+        print(f"{headline(summary)}; run folder {output_dir}")
     return 0
 
 
@@ -121,14 +121,7 @@ def plan_run(args: PretrainArguments) -> RunPlan:
     check_request_fits_device(request, training_args.device)
     precision = resolve_precision(training_args)
     tokenizer = load_tokenizer(data_args.tokenizer_dir)
-    model_config = build_model_config(
-        args.model.model_preset,
-        tokenizer,
-        data_args.block_size,
-        vocab_size=args.model.vocab_size,
-        dropout=args.model.dropout,
-        attn_implementation=args.model.attn_implementation,
-    )
+    model_config = args.model.model_config(tokenizer, data_args.block_size)
     batch_blocks = global_batch_blocks(training_args)
     check_budget_fills_a_batch(data_args, training_args, batch_blocks)
     with training_args.main_process_first(local=False, desc="checking the run folder"):
@@ -153,14 +146,16 @@ def plan_run(args: PretrainArguments) -> RunPlan:
         f"{schedule.batch_tokens:,}",
         schedule.max_steps,
     )
-    record = PlanRecord(
-        max_steps=schedule.max_steps,
-        global_batch_tokens=schedule.batch_tokens,
-        resumed_from_step=checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
-        data={"cache_dir": str(cache_dir), **read_stats(cache_dir)},
-    )
     return RunPlan(
-        tokenizer, model_config, precision, blocks, schedule, resume_checkpoint, request, record
+        tokenizer=tokenizer,
+        model_config=model_config,
+        precision=precision,
+        blocks=blocks,
+        data={"cache_dir": str(cache_dir), **read_stats(cache_dir)},
+        schedule=schedule,
+        resume_checkpoint=resume_checkpoint,
+        resumed_from_step=checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
+        request=request,
     )
 
 
@@ -218,56 +213,43 @@ def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
 
     tensorboard = find_tensorboard_callback(trainer)
     if tensorboard is not None and trainer.is_world_process_zero():
-        continue_tensorboard_log(tensorboard, tensorboard_dir, plan.record.resumed_from_step)
-    model_flops_per_token = flops_per_token(model, args.data.block_size)
-    peak_tflops = args.report.peak_tflops
-    throughput = ThroughputCallback(
-        tensorboard,
-        plan.schedule,
-        flops_per_token=model_flops_per_token,
-        peak_flops_per_second=(
-            peak_tflops * 1e12
-            if peak_tflops
-            else peak_flops_per_second(accelerator_name(training_args.device))
-        ),
-        num_devices=training_args.world_size,
-        snapshot_path=output_dir / NVIDIA_SMI_FILE,
-    )
-    trainer.add_callback(throughput)
-    footprint = FootprintCallback()
-    trainer.add_callback(footprint)
-    record = SetupRecord(
-        num_parameters=count_parameters(model),
-        flops_per_token=model_flops_per_token,
-        num_processes=training_args.world_size,
-        accelerator_state=accelerator_state,
-        speed_settings=speed_settings(args, plan.precision, model.config),
+        continue_tensorboard_log(tensorboard, tensorboard_dir, plan.resumed_from_step)
+    run = RunSetup(
         config={
             **args.to_dict(),
             "model_config": model.config.to_dict(),
             "precision_source": plan.precision.source,
         },
+        final_loss_window=args.report.final_loss_window,
+        loss_threshold=args.report.loss_threshold,
+        schedule=plan.schedule,
+        data=plan.data,
+        num_parameters=count_parameters(model),
+        flops_per_token=flops_per_token(model, args.data.block_size),
+        peak_flops_per_second=job_peak_flops_per_second(
+            args.report.peak_tflops, training_args.device, training_args.world_size
+        ),
+        strategy=strategy,
+        accelerator_state=accelerator_state,
+        speed_settings=speed_settings(
+            args.model,
+            training_args,
+            precision=plan.precision.name,
+            tf32=plan.precision.tf32,
+            model_config=model.config,
+        ),
     )
-    return TrainerSetup(trainer, strategy, throughput, footprint, stop_on_signal, record)
-
-
-def speed_settings(
-    args: PretrainArguments, precision: PrecisionChoice, model_config: GPT2Config
-) -> dict[str, Any]:
-    """The settings that decide how fast a step runs, under the names the ablation table uses."""
-    training_args = args.training
-    return {
-        "precision": "fp32" if precision.mixed_precision == "no" else precision.mixed_precision,
-        "tf32": precision.tf32,
-        "compile": training_args.torch_compile,
-        "compile_regions": training_args.torch_compile and args.model.compile_regions,
-        "attn_implementation": model_config._attn_implementation,
-        "fused_adamw": training_args.optim == "adamw_torch_fused",
-        "loss_implementation": args.model.loss_implementation,
-        "batch": training_args.per_device_train_batch_size,
-        "grad_accum": training_args.gradient_accumulation_steps,
-        "dataloader_num_workers": training_args.dataloader_num_workers,
-    }
+    clock = LoopClock(
+        plan.schedule,
+        run.flops_per_token,
+        run.peak_flops_per_second,
+        training_args.device,
+        snapshot_path=output_dir / NVIDIA_SMI_FILE,
+    )
+    trainer.add_callback(ThroughputCallback(tensorboard, clock))
+    footprint = FootprintCallback()
+    trainer.add_callback(footprint)
+    return TrainerSetup(trainer, clock, footprint, stop_on_signal, run)
 
 
 def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
@@ -275,7 +257,7 @@ def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
     trainer = setup.trainer
     resume = plan.resume_checkpoint
     if trainer.is_world_process_zero():
-        copy_document_split(plan.record.data["cache_dir"], trainer.args.output_dir)
+        copy_document_split(plan.data["cache_dir"], trainer.args.output_dir)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     stop = setup.stop_on_signal
     if stop.stopped_at_step is not None:
@@ -291,48 +273,28 @@ def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
     return None
 
 
-def summarise(
-    args: PretrainArguments, plan: RunPlan, setup: TrainerSetup, launched_at: float
-) -> RunSummary:
-    """Evaluate once, then gather every part of the run summary."""
+def measure(setup: TrainerSetup, plan: RunPlan) -> LoopResult:
+    """Evaluate once, then collect what the loop measured."""
     trainer = setup.trainer
     eval_loss = trainer.evaluate()["eval_loss"] if trainer.eval_dataset is not None else None
-    final_loss, window = final_training_loss(
-        trainer.state.log_history, args.report.final_loss_window
-    )
-    outcome = OutcomeRecord(
+    return LoopResult(
+        start_step=plan.resumed_from_step,
         global_step=trainer.state.global_step,
-        tokens_trained=plan.schedule.tokens_seen(trainer.state.global_step),
-        final_loss=final_loss,
-        final_loss_window=window,
-        loss_threshold=args.report.loss_threshold,
+        logged_losses=[entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
         eval_loss=eval_loss,
-        validation_tokens_per_byte=validation_tokens_per_byte(plan.record.data),
+        loop_seconds=setup.clock.loop_seconds,
+        first_step_seconds=setup.clock.first_step_seconds,
+        ranks=setup.footprint.ranks,
         replica_checksums=replica_checksums(trainer),
     )
-    parallelism = ParallelismRecord(
-        strategy=setup.strategy.name,
-        distributed_type=setup.strategy.distributed_type,
-        num_processes=setup.strategy.num_processes,
-        ranks=setup.footprint.ranks,
-    )
-    return RunSummary(
-        wall_seconds=time.time() - launched_at,
-        plan=plan.record,
-        setup=setup.record,
-        loop=setup.throughput.loop_record(),
-        outcome=outcome,
-        parallelism=parallelism,
-    )
 
 
-def validation_tokens_per_byte(data_stats: dict[str, Any]) -> float | None:
-    """Predicted tokens per byte of the validation text the loss is measured on (None without
-    validation blocks)."""
-    validation = data_stats["splits"]["validation"]
-    if not validation["num_evaluated_bytes"]:
+def replica_checksums(trainer: Trainer) -> list[str] | None:
+    """One parameter checksum per process (None when the parameters are sharded)."""
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
         return None
-    return validation["num_evaluated_tokens"] / validation["num_evaluated_bytes"]
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return gather_object([parameter_checksum(model)])
 
 
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainArguments:

@@ -1,163 +1,146 @@
 """`run_summary.json`: what a pretraining run achieved, how fast, on what, with which settings.
 
-The summary is made of parts, each filled by the step of `pretrain/run.py` that knows its
-numbers: `PlanRecord` by the plan (steps, batch, data), `SetupRecord` by the trainer set-up
-(model, processes, speed settings), `LoopRecord` by `ThroughputCallback` (the training loop's
-time and speed), `OutcomeRecord` at the end (losses, replicas) and `ParallelismRecord` (the
-strategy in force and what each process held) from every process. `RunSummary.to_dict()` is
-the file's content; its version and the keys the report relies on are in
-`common.run_contract`.
+Both training loops write it through `run_summary()`: Trainer's (pretrain/run.py) and the
+tensor / pipeline-parallel loop (pretrain/parallel/train.py). Each hands over two plain
+records, `RunSetup` (decided before the first step) and `LoopResult` (measured by the loop);
+every key of the file, and where its value comes from, is in `run_summary()`. Its version and
+the keys the report relies on are in `common.run_contract`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
-from dataclasses import dataclass
-from pathlib import Path
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
-from transformers import Trainer
+from transformers import GPT2Config, TrainingArguments
 
-from common.files import write_json_atomic
 from common.run_contract import GPT_SUMMARY_VERSION
 from common.system import hardware_description, library_versions
+from pretrain.args import ModelArguments
+from pretrain.batches import BlockSchedule
+from pretrain.model import model_flops_utilization
+from pretrain.strategy import Strategy
 
 
 @dataclass(frozen=True)
-class PlanRecord:
-    """Decided before training: how many steps, how big a batch, on which data."""
+class RunSetup:
+    """What was decided before the first step: options, data, steps, model, parallelism."""
 
-    max_steps: int
-    global_batch_tokens: int
-    resumed_from_step: int
-    data: dict[str, Any]  # the packed-block cache folder and its stats.json
-
-
-@dataclass(frozen=True)
-class SetupRecord:
-    """What was built: the model, the processes that train it, the settings that decide speed."""
-
-    num_parameters: int
-    flops_per_token: float
-    num_processes: int
-    accelerator_state: str
-    speed_settings: dict[str, Any]
-    config: dict[str, Any]  # every resolved argument dataclass, the model config, precision
-
-
-@dataclass(frozen=True)
-class LoopRecord:
-    """This process's training loop; after a resume, the steps since the checkpoint."""
-
-    train_loop_seconds: float | None
-    first_step_seconds: float | None  # carries torch.compile's work and CUDA's warm-up
-    peak_memory_gib: float | None
-    tokens_per_second: float | None
-    mfu: float | None
-
-
-@dataclass(frozen=True)
-class OutcomeRecord:
-    """Where the whole run ended (across resumes): steps, tokens, losses, replica agreement."""
-
-    global_step: int
-    tokens_trained: int
-    final_loss: float | None
+    config: dict[str, Any]  # every resolved option by dataclass name, and the model config
     final_loss_window: int
     loss_threshold: float
+    schedule: BlockSchedule
+    data: dict[str, Any]  # the packed-block cache folder and its stats.json
+    num_parameters: int
+    flops_per_token: float  # pretrain.model.flops_per_token
+    peak_flops_per_second: float | None  # the whole job's: one device's peak x devices
+    strategy: Strategy
+    accelerator_state: str
+    speed_settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """What the training loop measured; after a resume, timings cover this session only."""
+
+    start_step: int  # 0, or the step of the checkpoint this session resumed from
+    global_step: int
+    logged_losses: list[float]  # training loss of each logging window, the whole run's
     eval_loss: float | None
-    # Validation tokens per byte of validation text (the packed blocks' stats): turns the loss
-    # per token, which depends on the vocabulary, into one per byte, which does not.
-    validation_tokens_per_byte: float | None
-    replica_checksums: list[str] | None  # one per process; None when parameters are sharded
-
-    @property
-    def loss_below_threshold(self) -> bool:
-        return self.final_loss is not None and self.final_loss < self.loss_threshold
-
-    @property
-    def perplexity(self) -> float | None:
-        return perplexity(self.eval_loss)
-
-    @property
-    def bits_per_byte(self) -> float | None:
-        return bits_per_byte(self.eval_loss, self.validation_tokens_per_byte)
-
-    @property
-    def replicas_in_sync(self) -> bool | None:
-        if self.replica_checksums is None:
-            return None
-        return len(set(self.replica_checksums)) == 1
-
-
-@dataclass(frozen=True)
-class ParallelismRecord:
-    """How the model was spread over the processes, and what each of them held at the end."""
-
-    strategy: str  # pretrain.strategy.Strategy.name: "single", "ddp", "fsdp2", "zero2", ...
-    distributed_type: str  # accelerate's, as checked against the request before training
-    num_processes: int
+    loop_seconds: float | None  # this session's loop, first step included
+    first_step_seconds: float | None  # carries torch.compile's work and the device's warm-up
     ranks: list[dict[str, Any]]  # pretrain.footprint records, in rank order
+    replica_checksums: list[str] | None  # one per process; None when parameters are sharded
+    # What a strategy verifies about itself (the pipeline: its two copies of the tied weight).
+    checks: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class RunSummary:
-    wall_seconds: float  # from the process launch to the summary
-    plan: PlanRecord
-    setup: SetupRecord
-    loop: LoopRecord
-    outcome: OutcomeRecord
-    parallelism: ParallelismRecord
+def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict[str, Any]:
+    """The content of run_summary.json."""
+    schedule = setup.schedule
+    session_tokens = schedule.tokens_seen(result.global_step) - schedule.tokens_seen(
+        result.start_step
+    )
+    tokens_per_second = (
+        session_tokens / result.loop_seconds if result.loop_seconds and session_tokens else None
+    )
+    final_loss, window = final_training_loss(result.logged_losses, setup.final_loss_window)
+    peak_memory = max(result.ranks, key=lambda rank: rank["peak_memory_bytes"])
+    checksums = result.replica_checksums
+    return {
+        "summary_version": GPT_SUMMARY_VERSION,
+        # Time and speed of this session.
+        "wall_seconds": time.time() - launched_at,  # from the process launch, imports included
+        "train_loop_seconds": result.loop_seconds,
+        "first_step_seconds": result.first_step_seconds,
+        "tokens_per_second": tokens_per_second,
+        "mfu": model_flops_utilization(
+            tokens_per_second, setup.flops_per_token, setup.peak_flops_per_second
+        ),
+        "peak_memory_gib": peak_memory["peak_memory_bytes"] / 2**30,  # the fullest process
+        "peak_memory_source": peak_memory["peak_memory_source"],
+        # Where the whole run ended, and the verdict.
+        "global_step": result.global_step,
+        "tokens_trained": schedule.tokens_seen(result.global_step),
+        "final_loss": final_loss,
+        "final_loss_window": window,
+        "loss_threshold": setup.loss_threshold,
+        "loss_below_threshold": final_loss is not None and final_loss < setup.loss_threshold,
+        "eval_loss": result.eval_loss,
+        "perplexity": perplexity(result.eval_loss),
+        "bits_per_byte": bits_per_byte(result.eval_loss, setup.data["splits"]["validation"]),
+        "replica_checksums": checksums,
+        "replicas_in_sync": None if checksums is None else len(set(checksums)) == 1,
+        # The plan: steps, batch and data.
+        "max_steps": schedule.max_steps,
+        "global_batch_tokens": schedule.batch_tokens,
+        "resumed_from_step": result.start_step,
+        "data": setup.data,
+        # What was trained, where, and with which settings.
+        "num_parameters": setup.num_parameters,
+        "flops_per_token": setup.flops_per_token,
+        "num_processes": setup.strategy.num_processes,
+        "accelerator_state": setup.accelerator_state,
+        "speed_settings": setup.speed_settings,
+        "config": setup.config,
+        "parallelism": {
+            "strategy": setup.strategy.name,
+            "distributed_type": setup.strategy.distributed_type,
+            "num_processes": setup.strategy.num_processes,
+            "ranks": result.ranks,
+            **result.checks,
+        },
+        "hardware": hardware_description(),
+        "versions": library_versions(),
+    }
 
-    def to_dict(self) -> dict[str, Any]:
-        """The content of run_summary.json."""
-        return {
-            "summary_version": GPT_SUMMARY_VERSION,
-            "wall_seconds": self.wall_seconds,
-            **dataclasses.asdict(self.loop),
-            **dataclasses.asdict(self.outcome),
-            "loss_below_threshold": self.outcome.loss_below_threshold,
-            "perplexity": self.outcome.perplexity,
-            "bits_per_byte": self.outcome.bits_per_byte,
-            "replicas_in_sync": self.outcome.replicas_in_sync,
-            **dataclasses.asdict(self.plan),
-            **dataclasses.asdict(self.setup),
-            "parallelism": dataclasses.asdict(self.parallelism),
-            "hardware": hardware_description(),
-            "versions": library_versions(),
-        }
 
-    def write(self, path: Path) -> None:
-        write_json_atomic(path, self.to_dict())
-
-    def headline(self) -> str:
-        """The result in one line: final loss against the threshold, eval loss, speed."""
-        outcome = self.outcome
-        verdict = "below" if outcome.loss_below_threshold else "NOT below"
-        return (
-            f"final loss {_rounded(outcome.final_loss)} ({verdict} {outcome.loss_threshold:g}), "
-            f"eval loss {_rounded(outcome.eval_loss)} "
-            f"({_rounded(outcome.bits_per_byte)} bits/byte), "
-            f"{self.loop.tokens_per_second or 0:,.0f} tokens/s"
-        )
+def headline(summary: dict[str, Any]) -> str:
+    """The result in one line: final loss against the threshold, eval loss, speed."""
+    verdict = "below" if summary["loss_below_threshold"] else "NOT below"
+    return (
+        f"final loss {_rounded(summary['final_loss'])} ({verdict} "
+        f"{summary['loss_threshold']:g}), eval loss {_rounded(summary['eval_loss'])} "
+        f"({_rounded(summary['bits_per_byte'])} bits/byte), "
+        f"{summary['tokens_per_second'] or 0:,.0f} tokens/s"
+    )
 
 
 def _rounded(loss: float | None) -> str:
     return "n/a" if loss is None else f"{loss:.3f}"
 
 
-def final_training_loss(log_history: list[dict[str, Any]], window: int) -> tuple[float | None, int]:
+def final_training_loss(logged_losses: list[float], window: int) -> tuple[float | None, int]:
     """Mean of the last `window` logged training losses, and how many there were.
 
     Trainer's own `train_loss` is the mean over the whole run, dominated by the first steps;
     the course judges the loss the model has at the end.
     """
-    losses = [entry["loss"] for entry in log_history if "loss" in entry]
-    last = losses[-window:]
+    last = logged_losses[-window:]
     if not last:
         return None, 0
     return sum(last) / len(last), len(last)
@@ -173,19 +156,39 @@ def perplexity(loss: float | None) -> float | None:
         return None
 
 
-def bits_per_byte(loss: float | None, tokens_per_byte: float | None) -> float | None:
-    """A loss in nats per token as bits per byte of the text: loss x tokens/byte / ln 2."""
-    if loss is None or tokens_per_byte is None:
+def bits_per_byte(loss: float | None, validation: dict[str, Any]) -> float | None:
+    """A validation loss in nats per token as bits per byte of the text it predicts:
+    loss x predicted tokens / their UTF-8 bytes (pretrain/blocks/packing.py counts both) / ln 2.
+
+    The loss per token depends on the vocabulary; per byte it does not, so runs with other
+    tokenizers compare.
+    """
+    if loss is None or not validation["num_evaluated_bytes"]:
         return None
+    tokens_per_byte = validation["num_evaluated_tokens"] / validation["num_evaluated_bytes"]
     return loss * tokens_per_byte / math.log(2)
 
 
-def replica_checksums(trainer: Trainer) -> list[str] | None:
-    """One parameter checksum per process (None when the parameters are sharded)."""
-    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
-        return None
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    return gather_object([parameter_checksum(model)])
+def speed_settings(
+    model_args: ModelArguments,
+    training_args: TrainingArguments,
+    precision: str,
+    tf32: bool,
+    model_config: GPT2Config,
+) -> dict[str, Any]:
+    """The settings that decide how fast a step runs, under the names the ablation table uses."""
+    return {
+        "precision": precision,
+        "tf32": tf32,
+        "compile": training_args.torch_compile,
+        "compile_regions": training_args.torch_compile and model_args.compile_regions,
+        "attn_implementation": model_config._attn_implementation,
+        "fused_adamw": training_args.optim == "adamw_torch_fused",
+        "loss_implementation": model_args.loss_implementation,
+        "batch": training_args.per_device_train_batch_size,
+        "grad_accum": training_args.gradient_accumulation_steps,
+        "dataloader_num_workers": training_args.dataloader_num_workers,
+    }
 
 
 def parameter_checksum(model: torch.nn.Module) -> str:

@@ -76,7 +76,8 @@ def find_chromium(explicit: str | None = None) -> str:
 
 
 def free_port() -> int:
-    """A localhost TCP port nobody listens on right now."""
+    """A localhost TCP port nobody listens on right now (accelerate has this helper, but the
+    report imports neither torch nor what needs it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

@@ -4,13 +4,13 @@ tests)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from accelerate.utils.other import get_free_port
 from pretrain_runs import (
     REPO_ROOT,
     RUN_SCRIPT,
@@ -42,12 +42,6 @@ def one_process_reference(data_paths: dict, tmp_path_factory: pytest.TempPathFac
     return output_dir
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def launch_two_processes(
     config: Path, data_paths: dict, output_dir: Path, *options: str
 ) -> subprocess.CompletedProcess:
@@ -56,7 +50,7 @@ def launch_two_processes(
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(config),
         "--num_processes", "2", "--num_cpu_threads_per_process", "1",
-        "--main_process_port", str(free_port()),
+        "--main_process_port", str(get_free_port()),
         str(RUN_SCRIPT),
         *tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS),
         "--per_device_train_batch_size", str(GLOBAL_BATCH // 2),

@@ -13,10 +13,9 @@ from matplotlib import image as mpimg
 from parallel_runs import NUM_BLOCKS
 from pretrain_runs import BLOCK_SIZE, shared_data_paths
 
-from bench.compare_parallelism import STRATEGIES, main
+from bench.compare_parallelism import STRATEGY_SPECS, main
 from common.run_contract import (
     GPT_SUMMARY_FILE,
-    MODEL_PARALLEL_SUMMARY_FILE,
     PARALLELISM_COMPARISON_FIGURE,
     PARALLELISM_COMPARISON_FILE,
     PARALLELISM_COMPARISON_TABLE,
@@ -56,23 +55,24 @@ def test_every_strategy_trains_like_its_reference_and_sharding_holds_less(data_p
 
     comparison = json.loads((output_dir / PARALLELISM_COMPARISON_FILE).read_text())
     rows = {row["strategy"]: row for row in comparison["rows"]}
-    assert list(rows) == list(STRATEGIES)
+    assert list(rows) == list(STRATEGY_SPECS)
     for name, row in rows.items():
         assert row["error"] is None, f"{name}: {row['error']}"
-        summary = GPT_SUMMARY_FILE if STRATEGIES[name].uses_trainer else MODEL_PARALLEL_SUMMARY_FILE
-        assert (output_dir / row["run_dir"] / summary).is_file()
+        assert (output_dir / row["run_dir"] / GPT_SUMMARY_FILE).is_file()
         assert row["global_batch_tokens"] == GLOBAL_BATCH * BLOCK_SIZE
-        assert row["num_processes"] == (1 if row["reference"] is None else 2)
+        assert row["num_processes"] == (1 if name in ("single", "single-loop") else 2)
         assert row["tokens_per_second"] > 0 and row["peak_memory_bytes"] > 0
     assert rows["ddp"]["blocks_per_process"] == GLOBAL_BATCH // 2
     assert rows["tp"]["blocks_per_process"] == GLOBAL_BATCH
 
-    for name in ("single", "single-loop"):
-        assert rows[name]["reference"] is None and rows[name]["loss_difference"] == 0.0
-    for row in rows.values():
-        if row["reference"] is not None:
-            reference = rows[row["reference"]]
-            assert row["final_loss"] == pytest.approx(reference["final_loss"], abs=LOSS_TOLERANCE)
+    # One reference for both loops: pretrain/run.py in one process.
+    assert rows["single"]["reference"] is None and rows["single"]["loss_difference"] == 0.0
+    for name, row in rows.items():
+        if name != "single":
+            assert row["reference"] == "single"
+            assert row["final_loss"] == pytest.approx(
+                rows["single"]["final_loss"], abs=LOSS_TOLERANCE
+            )
             assert abs(row["loss_difference"]) <= LOSS_TOLERANCE
 
     # DDP keeps a whole replica per process, as one process does; sharding keeps less.
@@ -83,7 +83,7 @@ def test_every_strategy_trains_like_its_reference_and_sharding_holds_less(data_p
     assert rows["zero3"]["parameter_bytes"] < rows["zero2"]["parameter_bytes"]
 
     table = (output_dir / PARALLELISM_COMPARISON_TABLE).read_text().splitlines()
-    assert len(table) == 2 + len(STRATEGIES)
+    assert len(table) == 2 + len(STRATEGY_SPECS)
     assert all(line.endswith("| ok |") for line in table[2:])
 
     pixels = mpimg.imread(output_dir / PARALLELISM_COMPARISON_FIGURE)
@@ -113,8 +113,8 @@ def test_a_failing_strategy_is_a_row_with_its_error_and_the_exit_code_says_so(da
 
     comparison = json.loads((output_dir / PARALLELISM_COMPARISON_FILE).read_text())
     rows = {row["strategy"]: row for row in comparison["rows"]}
-    assert list(rows) == ["single-loop", "pp-gpipe"]  # the reference is added
-    assert rows["single-loop"]["error"] is None
+    assert list(rows) == ["single", "pp-gpipe"]  # the reference is added
+    assert rows["single"]["error"] is None
     error = rows["pp-gpipe"]["error"]
     assert error.startswith("exit code 1: error:") and "--num_microbatches" in error
     assert rows["pp-gpipe"]["loss_difference"] is None

@@ -101,10 +101,10 @@ def test_gpu_ablation_dry_run_runs_the_shipped_config_and_tabulates(
     assert not eager_run["speed_settings"]["compile"]
     assert main_run["tokens_trained"] == 2048 and eager_run["global_step"] == 2
     assert 0 < main_run["first_step_seconds"] < main_run["train_loop_seconds"]
-    assert main_run["peak_memory_gib"] is None  # CPU
+    assert main_run["peak_memory_source"] == "process_max_rss"  # CPU
 
-    header, rule, *rows = (output_dir / "table.txt").read_text().splitlines()
-    assert [row.split("|")[0].strip() for row in rows] == ["main", "eager"]
+    header, rule, *rows = (output_dir / "table.md").read_text().splitlines()
+    assert [row.split("|")[1].strip() for row in rows] == ["main", "eager"]
     columns = [cell.strip() for cell in header.split("|")]
     main_cells = [cell.strip() for cell in rows[0].split("|")]
     assert main_cells[columns.index("tokens")] == "2,048"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import socket
 import subprocess
 import sys
 from importlib.metadata import version
 
 import pytest
+from accelerate.utils.other import get_free_port
 from packaging.specifiers import SpecifierSet
 from pretrain_runs import subprocess_env
 
@@ -43,9 +43,7 @@ print(released, distributed_type())
 @functools.cache
 def distributed_types_on_cpu(plugin_kind: str) -> tuple[str, str]:
     """(as released, with the fixes) distributed type for `plugin_kind` on a CPU process."""
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        port = probe_socket.getsockname()[1]
+    port = get_free_port()
     env = {
         **subprocess_env(),
         "RANK": "0",

@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from common.run_contract import GPU_MEMORY_USED, GPU_POWER, GPU_UTILIZATION, NVIDIA_SMI_FILE
+from pretrain.footprint import peak_memory
 from pretrain.gpu import (
-    GpuSampler,
+    GpuReadings,
     accelerator_name,
+    job_peak_flops_per_second,
     peak_flops_per_second,
-    peak_memory_gib,
     write_nvidia_smi_snapshot,
 )
 
@@ -35,12 +36,17 @@ def test_peak_flops_are_looked_up_by_device_name(device_name, tflops):
     assert peak == (None if tflops is None else pytest.approx(tflops * 1e12))
 
 
+def test_the_job_peak_is_one_device_s_times_the_devices():
+    cpu = torch.device("cpu")
+    assert job_peak_flops_per_second(None, cpu, num_devices=4) is None  # no peak known on CPU
+    assert job_peak_flops_per_second(2.0, cpu, num_devices=4) == pytest.approx(8e12)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
 def test_without_a_gpu_sampling_and_snapshot_do_nothing(tmp_path):
-    sampler = GpuSampler()
-    assert not sampler.enabled and sampler.read() == {}
+    assert GpuReadings(torch.device("cpu")).read() == {}
     assert accelerator_name(torch.device("cpu")) == "cpu"
-    assert peak_memory_gib(torch.device("cpu")) is None
+    assert peak_memory(torch.device("cpu"))[1] == "process_max_rss"
     assert write_nvidia_smi_snapshot(tmp_path / NVIDIA_SMI_FILE) is False
     assert not (tmp_path / NVIDIA_SMI_FILE).exists()
 
@@ -50,8 +56,8 @@ def test_with_a_gpu_sampling_reads_the_three_tags(tmp_path):
     device = torch.device("cuda", torch.cuda.current_device())
     assert accelerator_name(device) == torch.cuda.get_device_name(device)
     torch.ones(2**28, dtype=torch.uint8, device=device)  # 0.25 GiB held at once
-    assert peak_memory_gib(device) >= 0.25
-    readings = GpuSampler().read()
+    assert peak_memory(device) >= (2**28, "cuda_max_memory_allocated")
+    readings = GpuReadings(device).read()
     assert set(readings) == {GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER}
     assert 0 <= readings[GPU_UTILIZATION] <= 100
     assert write_nvidia_smi_snapshot(tmp_path / NVIDIA_SMI_FILE)

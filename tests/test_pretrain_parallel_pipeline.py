@@ -9,14 +9,15 @@ from parallel_runs import (
     NUM_PROCESSES,
     NUM_STEPS,
     launch_model_parallel,
+    logged_scalars,
     model_parallel_argv,
-    read_model_parallel_summary,
-    single_reference,
+    trainer_reference,
 )
-from pretrain_runs import BLOCK_SIZE, shared_data_paths
+from pretrain_runs import BLOCK_SIZE, read_summary, shared_data_paths
 from transformers import GPT2LMHeadModel
 
 from common.cli import InputError
+from common.run_contract import GRAD_NORM, TRAIN_LOSS
 from common.tokenization import load_tokenizer
 from pretrain.footprint import parameter_bytes
 from pretrain.model import build_model_config
@@ -32,13 +33,13 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def single(data_paths, tmp_path_factory):
-    return single_reference(data_paths, tmp_path_factory)
+def reference(data_paths, tmp_path_factory):
+    return trainer_reference(data_paths, tmp_path_factory)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_two_pipeline_stages_train_like_one_process(
-    schedule, single, data_paths, tiny_tokenizer_dir, tmp_path
+def test_two_pipeline_stages_train_like_pretrain_run_in_one_process(
+    schedule, reference, data_paths, tiny_tokenizer_dir, tmp_path
 ):
     argv = model_parallel_argv(
         data_paths,
@@ -49,17 +50,20 @@ def test_two_pipeline_stages_train_like_one_process(
     )
     result = launch_model_parallel(argv)
     assert result.returncode == 0, result.stderr[-3000:]
-    pipeline = read_model_parallel_summary(tmp_path)
+    pipeline, single = read_summary(tmp_path), read_summary(reference)
 
-    assert pipeline["pipeline_schedule"] == schedule
-    assert pipeline["num_microbatches"] == NUM_MICROBATCHES
+    assert pipeline["parallelism"]["strategy"] == f"pp-{schedule}"
+    assert pipeline["config"]["ParallelArguments"]["num_microbatches"] == NUM_MICROBATCHES
     assert pipeline["num_processes"] == NUM_PROCESSES
-    assert len(pipeline["losses"]) == NUM_STEPS
-    assert pipeline["losses"] == pytest.approx(single["losses"], abs=1e-4)
+    losses = logged_scalars(tmp_path, TRAIN_LOSS)
+    assert len(losses) == NUM_STEPS
+    assert losses == pytest.approx(logged_scalars(reference, TRAIN_LOSS), abs=1e-4)
     assert pipeline["final_loss"] == pytest.approx(single["final_loss"], abs=1e-4)
+    assert pipeline["eval_loss"] == pytest.approx(single["eval_loss"], abs=1e-4)
     # Clipped by the norm over both stages, the tied pair counted once.
-    assert pipeline["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-4)
-    assert pipeline["tied_weight_max_difference"] == 0.0
+    norms = logged_scalars(tmp_path, GRAD_NORM)
+    assert norms == pytest.approx(logged_scalars(reference, GRAD_NORM), rel=1e-4)
+    assert pipeline["parallelism"]["tied_weight_max_difference"] == 0.0
 
     # Each stage holds its layers; together they hold the model plus the output layer's copy
     # of the tied embedding.
@@ -67,8 +71,8 @@ def test_two_pipeline_stages_train_like_one_process(
         build_model_config("tiny", load_tokenizer(tiny_tokenizer_dir), BLOCK_SIZE)
     )
     tied_copy = parameter_bytes([model.transformer.wte.weight])
-    stages = pipeline["footprint"]
-    (whole,) = single["footprint"]
+    stages = pipeline["parallelism"]["ranks"]
+    (whole,) = single["parallelism"]["ranks"]
     assert sum(stage["parameter_bytes"] for stage in stages) == whole["parameter_bytes"] + tied_copy
     assert all(stage["parameter_bytes"] < whole["parameter_bytes"] for stage in stages)
     assert all(stage["optimizer_state_bytes"] >= 2 * stage["parameter_bytes"] for stage in stages)

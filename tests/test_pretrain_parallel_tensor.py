@@ -9,16 +9,17 @@ from parallel_runs import (
     NUM_PROCESSES,
     NUM_STEPS,
     launch_model_parallel,
+    logged_scalars,
     model_parallel_argv,
-    read_model_parallel_summary,
-    single_reference,
+    trainer_reference,
 )
-from pretrain_runs import BLOCK_SIZE, shared_data_paths
+from pretrain_runs import BLOCK_SIZE, read_summary, shared_data_paths
 from torch import nn
 from transformers import GPT2LMHeadModel
 from transformers.pytorch_utils import Conv1D
 
 from common.cli import InputError
+from common.run_contract import GRAD_NORM, TRAIN_LOSS
 from common.tokenization import load_tokenizer
 from pretrain.footprint import parameter_bytes
 from pretrain.model import build_model_config
@@ -29,6 +30,7 @@ from pretrain.parallel.tensor import (
     group_qkv_by_rank,
 )
 from pretrain.parallel.train import main
+from report.build import write_report
 
 # What GPT2_TP_PLAN leaves whole on every rank; every other parameter is split in two.
 REPLICATED_PARAMETERS = ("wpe.", ".ln_", "c_proj.bias")
@@ -40,8 +42,8 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def single(data_paths, tmp_path_factory):
-    return single_reference(data_paths, tmp_path_factory)
+def reference(data_paths, tmp_path_factory):
+    return trainer_reference(data_paths, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -49,35 +51,50 @@ def tensor_parallel(data_paths, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("tensor_parallel")
     result = launch_model_parallel(model_parallel_argv(data_paths, output_dir, strategy="tp"))
     assert result.returncode == 0, result.stderr[-3000:]
-    return read_model_parallel_summary(output_dir)
+    return output_dir
 
 
-def test_two_tensor_parallel_processes_train_like_one(single, tensor_parallel):
-    assert tensor_parallel["strategy"] == "tp"
-    assert tensor_parallel["num_processes"] == NUM_PROCESSES
-    assert len(tensor_parallel["losses"]) == len(single["losses"]) == NUM_STEPS
-    assert tensor_parallel["losses"] == pytest.approx(single["losses"], abs=1e-4)
-    assert tensor_parallel["final_loss"] == pytest.approx(single["final_loss"], abs=1e-4)
+def test_two_tensor_parallel_processes_train_like_pretrain_run_in_one(reference, tensor_parallel):
+    summary, single = read_summary(tensor_parallel), read_summary(reference)
+    assert summary["parallelism"]["strategy"] == "tp"
+    assert summary["num_processes"] == NUM_PROCESSES
+    losses, single_losses = (
+        logged_scalars(run, TRAIN_LOSS) for run in (tensor_parallel, reference)
+    )
+    assert len(losses) == len(single_losses) == NUM_STEPS
+    assert losses == pytest.approx(single_losses, abs=1e-4)
+    assert summary["final_loss"] == pytest.approx(single["final_loss"], abs=1e-4)
+    assert summary["eval_loss"] == pytest.approx(single["eval_loss"], abs=1e-4)
     # The loss fell, and the gradient was clipped (max_grad_norm 1 in tiny.yaml) at least once:
     # the norm over sharded and whole parameters is the one-process norm.
-    assert single["final_loss"] < single["losses"][0] - 0.3
-    assert max(single["grad_norms"]) > 1.0
-    assert tensor_parallel["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-4)
-    assert tensor_parallel["tokens_per_second"] > 0
-    assert tensor_parallel["global_batch_tokens"] == single["global_batch_tokens"]
+    assert single_losses[-1] < single_losses[0] - 0.3
+    single_norms = logged_scalars(reference, GRAD_NORM)
+    assert max(single_norms) > 1.0
+    assert logged_scalars(tensor_parallel, GRAD_NORM) == pytest.approx(single_norms, rel=1e-4)
+    assert summary["tokens_per_second"] > 0
+    assert summary["global_batch_tokens"] == single["global_batch_tokens"]
+
+
+def test_the_report_shows_a_tensor_parallel_run_like_any_other(
+    reference, tensor_parallel, tmp_path
+):
+    text = write_report([reference, tensor_parallel], tmp_path / "report").read_text()
+    assert "## GPT-2 pretraining" in text
+    assert f"- `{tensor_parallel.name}`:" not in text  # no note of anything missing
+    assert f"`{tensor_parallel.name}`" in text and (tmp_path / "report" / "gpt_loss.png").is_file()
 
 
 def test_each_process_holds_half_of_every_split_parameter(
-    single, tensor_parallel, tiny_tokenizer_dir
+    reference, tensor_parallel, tiny_tokenizer_dir
 ):
     config = build_model_config("tiny", load_tokenizer(tiny_tokenizer_dir), BLOCK_SIZE)
     model = GPT2LMHeadModel(config)
     replicated = parameter_bytes(
         p for name, p in model.named_parameters() if any(s in name for s in REPLICATED_PARAMETERS)
     )
-    (whole,) = single["footprint"]
+    (whole,) = read_summary(reference)["parallelism"]["ranks"]
     assert whole["parameter_bytes"] == parameter_bytes(model.parameters())
-    ranks = tensor_parallel["footprint"]
+    ranks = read_summary(tensor_parallel)["parallelism"]["ranks"]
     assert [rank["rank"] for rank in ranks] == [0, 1]
     expected = replicated + (whole["parameter_bytes"] - replicated) // NUM_PROCESSES
     assert [rank["parameter_bytes"] for rank in ranks] == [expected, expected]

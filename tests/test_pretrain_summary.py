@@ -1,103 +1,105 @@
-"""run_summary.json: each part lands under its keys, and the judgements derived from them."""
+"""run_summary.json: every key from the two plain records, and the judgements derived from them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import time
 
+from common.files import write_json_atomic
 from common.run_contract import GPT_REQUIRED_KEYS, GPT_SUMMARY_VERSION
-from pretrain.summary import (
-    LoopRecord,
-    OutcomeRecord,
-    ParallelismRecord,
-    PlanRecord,
-    RunSummary,
-    SetupRecord,
-    final_training_loss,
-)
+from pretrain.batches import BlockSchedule
+from pretrain.strategy import Strategy
+from pretrain.summary import LoopResult, RunSetup, final_training_loss, headline, run_summary
 
-PLAN = PlanRecord(max_steps=10, global_batch_tokens=256, resumed_from_step=4, data={"n": 1})
-SETUP = SetupRecord(
+VALIDATION = {"num_evaluated_tokens": 250, "num_evaluated_bytes": 1000}
+SETUP = RunSetup(
+    config={"ModelArguments": {"model_preset": "tiny"}},
+    final_loss_window=3,
+    loss_threshold=7.0,
+    # 40 blocks of 64 tokens, 4 per step: 10 steps of 256 tokens.
+    schedule=BlockSchedule(num_train_blocks=40, batch_blocks=4, block_size=64, max_steps=10),
+    data={"cache_dir": "c", "splits": {"validation": VALIDATION}},
     num_parameters=1000,
     flops_per_token=6000.0,
-    num_processes=2,
+    peak_flops_per_second=1e9,
+    strategy=Strategy("fsdp2", "FSDP", 2),
     accelerator_state="Device: cpu",
     speed_settings={"batch": 4},
-    config={"ModelArguments": {"model_preset": "tiny"}},
 )
-LOOP = LoopRecord(
-    train_loop_seconds=2.0,
-    first_step_seconds=0.5,
-    peak_memory_gib=None,
-    tokens_per_second=768.0,
-    mfu=0.01,
-)
-RANKS = [{"rank": rank, "parameter_bytes": 400} for rank in range(2)]
-PARALLELISM = ParallelismRecord(
-    strategy="fsdp2", distributed_type="FSDP", num_processes=2, ranks=RANKS
-)
+RANKS = [
+    {"rank": 0, "peak_memory_bytes": 2**30, "peak_memory_source": "process_max_rss"},
+    {"rank": 1, "peak_memory_bytes": 2**31, "peak_memory_source": "process_max_rss"},
+]
 
 
-def outcome(**changes) -> OutcomeRecord:
+def result(**changes) -> LoopResult:
     values = {
+        "start_step": 4,
         "global_step": 10,
-        "tokens_trained": 2560,
-        "final_loss": 5.0,
-        "final_loss_window": 3,
-        "loss_threshold": 7.0,
+        "logged_losses": [9.0, 6.0, 5.0, 4.0],
         "eval_loss": 5.5,
-        "validation_tokens_per_byte": 0.25,
+        "loop_seconds": 2.0,
+        "first_step_seconds": 0.5,
+        "ranks": RANKS,
         "replica_checksums": ["a", "a"],
         **changes,
     }
-    return OutcomeRecord(**values)
+    return LoopResult(**values)
 
 
-def test_summary_holds_every_part_and_the_required_keys(tmp_path):
-    summary = RunSummary(
-        wall_seconds=3.0,
-        plan=PLAN,
-        setup=SETUP,
-        loop=LOOP,
-        outcome=outcome(),
-        parallelism=PARALLELISM,
-    )
-    summary.write(tmp_path / "summary.json")
+def test_summary_holds_every_key_and_derives_speed_and_verdicts(tmp_path):
+    launched_at = time.time() - 3.0
+    summary = run_summary(SETUP, result(), launched_at)
+    write_json_atomic(tmp_path / "summary.json", summary)
     written = json.loads((tmp_path / "summary.json").read_text())
     assert set(GPT_REQUIRED_KEYS) <= set(written)
     assert written["summary_version"] == GPT_SUMMARY_VERSION
-    assert written["resumed_from_step"] == 4 and written["num_processes"] == 2
-    assert written["tokens_per_second"] == 768.0 and written["tokens_trained"] == 2560
-    assert written["config"] == {"ModelArguments": {"model_preset": "tiny"}}
+    assert 3.0 <= written["wall_seconds"] < 60
+    # This session ran steps 5..10: 6 x 256 tokens in 2 s.
+    assert written["tokens_per_second"] == 6 * 256 / 2.0
+    assert written["mfu"] == written["tokens_per_second"] * 6000.0 / 1e9
+    assert written["tokens_trained"] == 10 * 256 and written["resumed_from_step"] == 4
+    assert written["final_loss"] == 5.0 and written["final_loss_window"] == 3
     assert written["loss_below_threshold"] is True and written["replicas_in_sync"] is True
     assert written["perplexity"] == math.exp(5.5)
-    assert written["bits_per_byte"] == 5.5 * 0.25 / math.log(2)
+    assert written["bits_per_byte"] == 5.5 * 250 / 1000 / math.log(2)
+    assert written["peak_memory_gib"] == 2.0  # the fullest process
     assert written["parallelism"] == {
         "strategy": "fsdp2",
         "distributed_type": "FSDP",
         "num_processes": 2,
         "ranks": RANKS,
     }
-    assert summary.headline() == (
+    assert headline(written) == (
         "final loss 5.000 (below 7), eval loss 5.500 (1.984 bits/byte), 768 tokens/s"
     )
 
 
-def test_judgements_of_the_outcome():
-    assert not outcome(final_loss=7.0).loss_below_threshold  # the threshold itself fails
-    assert not outcome(final_loss=None).loss_below_threshold
-    assert outcome(replica_checksums=["a", "b"]).replicas_in_sync is False
-    assert outcome(replica_checksums=None).replicas_in_sync is None  # sharded: not compared
-    assert outcome(eval_loss=1e6).perplexity is None  # overflow
-    no_losses = RunSummary(
-        3.0, PLAN, SETUP, LOOP, outcome(final_loss=None, eval_loss=None), PARALLELISM
+def test_judgements_without_losses_speed_or_peak():
+    summary = run_summary(
+        dataclasses.replace(SETUP, peak_flops_per_second=None),
+        result(logged_losses=[], eval_loss=None, loop_seconds=None, replica_checksums=None),
+        time.time(),
     )
-    assert no_losses.headline().startswith("final loss n/a (NOT below 7), eval loss n/a (n/a")
-    assert outcome(validation_tokens_per_byte=None).bits_per_byte is None
+    assert summary["final_loss"] is None and summary["loss_below_threshold"] is False
+    assert summary["bits_per_byte"] is None and summary["perplexity"] is None
+    assert summary["tokens_per_second"] is None and summary["mfu"] is None
+    assert summary["replicas_in_sync"] is None  # sharded: not compared
+    assert headline(summary).startswith("final loss n/a (NOT below 7), eval loss n/a (n/a")
+    assert (
+        run_summary(SETUP, result(logged_losses=[7.0]), time.time())["loss_below_threshold"]
+        is False
+    )  # the threshold itself fails
+    assert (
+        run_summary(SETUP, result(replica_checksums=["a", "b"]), time.time())["replicas_in_sync"]
+        is False
+    )
+    assert run_summary(SETUP, result(eval_loss=1e6), time.time())["perplexity"] is None
 
 
 def test_final_loss_is_the_mean_of_the_last_logged_losses():
-    history = [{"loss": 6.0}, {"eval_loss": 9.0}, {"loss": 4.0}, {"loss": 2.0}]
-    assert final_training_loss(history, window=2) == (3.0, 2)
-    assert final_training_loss(history, window=10) == (4.0, 3)
-    assert final_training_loss([{"eval_loss": 1.0}], window=5) == (None, 0)
+    assert final_training_loss([6.0, 4.0, 2.0], window=2) == (3.0, 2)
+    assert final_training_loss([6.0, 4.0, 2.0], window=10) == (4.0, 3)
+    assert final_training_loss([], window=5) == (None, 0)

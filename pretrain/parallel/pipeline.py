@@ -101,6 +101,7 @@ class GPT2Pipeline:
 
     stage: GPT2PipelineStage
     schedule: ScheduleGPipe | Schedule1F1B
+    num_microbatches: int
     tied_group: dist.ProcessGroup
     tied_ranks: tuple[int, int]
 
@@ -118,6 +119,22 @@ class GPT2Pipeline:
         if tied is not None:
             dist.all_reduce(tied.grad, group=self.tied_group)
         return torch.stack(losses).mean().detach() if losses else None
+
+    def evaluate(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """Each block's mean loss, forward only, for up to `num_microbatches` blocks (one
+        microbatch each), on the last stage; None on the others. A shorter chunk is padded
+        with copies of its last block, whose losses are dropped."""
+        num_blocks = len(input_ids)
+        padding = input_ids[-1:].expand(self.num_microbatches - num_blocks, -1)
+        input_ids = torch.cat([input_ids, padding])
+        losses: list[torch.Tensor] = []
+        if self.stage.is_first:
+            self.schedule.eval(input_ids)
+        elif self.stage.is_last:
+            self.schedule.eval(target=input_ids, losses=losses)
+        else:
+            self.schedule.eval()
+        return torch.stack(losses)[:num_blocks].detach() if losses else None
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip every stage's gradients by the norm of the whole model's gradient; return it.
@@ -151,7 +168,12 @@ class GPT2Pipeline:
 
 
 def check_pipeline_arguments(
-    num_layers: int, num_stages: int, schedule_name: str, num_microbatches: int, batch_size: int
+    num_layers: int,
+    num_stages: int,
+    schedule_name: str,
+    num_microbatches: int,
+    batch_size: int,
+    last_batch_blocks: int | None = None,
 ) -> None:
     """Refuse a pipeline that cannot run, or would not train like one process."""
     if num_stages < 2:
@@ -173,6 +195,12 @@ def check_pipeline_arguments(
         raise InputError(
             f"--num_microbatches {num_microbatches} must divide the batch of {batch_size} "
             "blocks (--per_device_train_batch_size) into equal microbatches"
+        )
+    if last_batch_blocks is not None and last_batch_blocks % num_microbatches:
+        raise InputError(
+            f"the last step has the {last_batch_blocks} blocks left of one pass, which "
+            f"--num_microbatches {num_microbatches} does not divide; make --max_train_tokens a "
+            f"multiple of {batch_size} blocks (--per_device_train_batch_size x --block_size)"
         )
 
 
@@ -197,4 +225,4 @@ def build_gpt2_pipeline(
     tied_ranks = (0, num_stages - 1)
     # Every process must take part in creating a group, also those outside it.
     tied_group = dist.new_group(list(tied_ranks))
-    return GPT2Pipeline(stage_module, schedule, tied_group, tied_ranks)
+    return GPT2Pipeline(stage_module, schedule, num_microbatches, tied_group, tied_ranks)

@@ -6,68 +6,89 @@
         --pipeline_schedule 1f1b --num_microbatches 4 --config pretrain/configs/tiny.yaml \\
         --max_steps 32 --output_dir runs/demo/pp
     python -m pretrain.parallel.train --strategy single --config pretrain/configs/tiny.yaml \\
-        --max_steps 32 --output_dir runs/demo/single     # the one-process reference
+        --max_steps 32 --output_dir runs/demo/single     # this loop in one process
 
 Trainer (pretrain/run.py) runs the data-parallel strategies (DDP, FSDP, ZeRO), where every
 process holds the whole model, or a shard of it gathered back for each layer; it cannot split
 a layer's computation (tensor parallelism, pretrain/parallel/tensor.py) or send activations
 from process to process (pipeline parallelism, pretrain/parallel/pipeline.py). This loop runs
-those, and `single`, the same loop in one process, as the reference. All three read the same
-options and YAML configs as pretrain/run.py and train alike: the same packed blocks in the same
-seeded order, the same random initial weights (--seed), transformers' causal-LM loss, the
-optimizer that --optim names with Trainer's weight-decay groups, the --lr_scheduler_type
-schedule and --max_grad_norm clipping over the whole model. Every process sees every block
-(neither strategy splits the batch): a step is --per_device_train_batch_size blocks. With
---dropout 0 (the default) the losses of tp and pp equal single's up to rounding.
+those, and `single`, the same loop in one process. It reads the same options and YAML configs
+as pretrain/run.py and trains like it: the same packed blocks in the same seeded order (the
+sampler Trainer's accelerate uses), the same random initial weights (--seed), transformers'
+causal-LM loss, the optimizer that --optim names with Trainer's weight-decay groups, the
+--lr_scheduler_type schedule, --max_grad_norm clipping over the whole model, and Trainer's
+logging steps. Every process sees every block (neither strategy splits the batch): a step is
+--per_device_train_batch_size blocks. With --dropout 0 (the default) the losses equal those of
+pretrain/run.py in one process up to rounding.
 
-`--output_dir` receives `model_parallel_summary.json`: the per-step losses and gradient norms,
-step time, tokens/s and what each process held (pretrain/footprint.py). Training is fp32 and
-eager; no checkpoints, evaluation or TensorBoard.
+`--output_dir` becomes a run folder like pretrain/run.py's: `run_summary.json` (the same keys,
+written by the same function), `tensorboard/` (the same tags) and `document_split.json`, so
+`run-report` shows these runs like any other. Training is fp32 and eager; no checkpoints and
+no final/ model (a tensor-parallel model is no longer laid out as a saved GPT-2).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import statistics
 import sys
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
+import psutil
 import torch
 import torch.distributed as dist
+from accelerate.data_loader import SeedableRandomSampler
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
+from torch.utils.tensorboard import SummaryWriter
 from transformers import GPT2LMHeadModel, Trainer, TrainingArguments, get_scheduler, set_seed
 
 from common.cli import InputError, entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.files import write_json_atomic
-from common.run_contract import MODEL_PARALLEL_SUMMARY_FILE
-from common.system import hardware_description, library_versions
+from common.run_contract import (
+    EVAL_LOSS,
+    GPT_SUMMARY_FILE,
+    GRAD_NORM,
+    LEARNING_RATE,
+    NVIDIA_SMI_FILE,
+    TENSORBOARD_DIR,
+    TRAIN_LOSS,
+)
 from common.tokenization import load_tokenizer
-from pretrain.args import ModelArguments, resolved_options
+from pretrain.args import ModelArguments, ReportArguments, resolved_options
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.packing import load_blocks, prepare_blocks
+from pretrain.blocks.packing import copy_document_split, load_blocks, prepare_blocks, read_stats
+from pretrain.callbacks import LoopClock
 from pretrain.footprint import gather_footprints, rank_footprint
-from pretrain.model import build_model, build_model_config, count_parameters
+from pretrain.gpu import job_peak_flops_per_second
+from pretrain.model import build_model, count_parameters, flops_per_token
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
     build_gpt2_pipeline,
     check_pipeline_arguments,
 )
 from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
-from pretrain.strategy import check_processes_joined
+from pretrain.strategy import Strategy, check_processes_joined
+from pretrain.summary import (
+    LoopResult,
+    RunSetup,
+    headline,
+    parameter_checksum,
+    run_summary,
+    speed_settings,
+)
 
 logger = logging.getLogger(__name__)
 
-STRATEGIES = ("single", "tp", "pp")
+# How this loop splits the model, and the distributed type it records for each.
+LOOP_STRATEGIES = {"single": "NO", "tp": "TENSOR_PARALLEL", "pp": "PIPELINE_PARALLEL"}
 
 
 @dataclass
@@ -77,9 +98,9 @@ class ParallelArguments:
     strategy: str = field(
         default="single",
         metadata={
-            "help": "'single': one process, the reference; 'tp': tensor parallel, every "
-            "layer's matrices split across the processes; 'pp': pipeline parallel, consecutive "
-            "layers on each process, microbatches flowing through them."
+            "help": "'single': one process; 'tp': tensor parallel, every layer's matrices split "
+            "across the processes; 'pp': pipeline parallel, consecutive layers on each process, "
+            "microbatches flowing through them."
         },
     )
     pipeline_schedule: str = field(
@@ -98,13 +119,20 @@ class ParallelArguments:
     )
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise InputError(f"--strategy {self.strategy} is not one of {', '.join(STRATEGIES)}")
+        if self.strategy not in LOOP_STRATEGIES:
+            raise InputError(
+                f"--strategy {self.strategy} is not one of {', '.join(LOOP_STRATEGIES)}"
+            )
         if self.pipeline_schedule not in PIPELINE_SCHEDULES:
             raise InputError(
                 f"--pipeline_schedule {self.pipeline_schedule} is not one of "
                 f"{', '.join(PIPELINE_SCHEDULES)}"
             )
+
+    @property
+    def strategy_name(self) -> str:
+        """The name the run summary and the comparison use: single, tp, pp-gpipe or pp-1f1b."""
+        return f"pp-{self.pipeline_schedule}" if self.strategy == "pp" else self.strategy
 
 
 ARGUMENT_TYPES = (
@@ -112,6 +140,7 @@ ARGUMENT_TYPES = (
     ModelArguments,
     CorpusArguments,
     DataArguments,
+    ReportArguments,
     TrainingArguments,
 )
 
@@ -122,18 +151,19 @@ class LocalModel:
 
     module: nn.Module
     forward_backward: Callable[[torch.Tensor], torch.Tensor | None]  # the loss where known
+    evaluate: Callable[[torch.Tensor], torch.Tensor | None]  # per-block mean losses
+    eval_batch_blocks: int  # blocks `evaluate` takes at once
     clip_grad_norm_: Callable[[float], torch.Tensor]  # returns the whole model's norm
     loss_rank: int  # the process that sees the loss
+    is_sharded: bool  # whether a process holds only part of the parameters
     tied_weight_difference: Callable[[], float | None] = lambda: None
 
 
 @dataclass
-class LoopRecord:
-    """What the training loop measured (losses on the loss rank only)."""
+class StepLog:
+    """What the loop logged, on the loss rank: each logging window's mean loss."""
 
-    losses: list[float] = field(default_factory=list)
-    grad_norms: list[float] = field(default_factory=list)
-    step_seconds: list[float] = field(default_factory=list)
+    logged_losses: list[float] = field(default_factory=list)
 
 
 def check_launch(strategy: str, training_args: TrainingArguments) -> None:
@@ -162,22 +192,25 @@ def check_launch(strategy: str, training_args: TrainingArguments) -> None:
         )
 
 
-def warn_unused_options(model_args: ModelArguments, training_args: TrainingArguments) -> None:
-    """Name, in one line, the options of pretrain/run.py that this loop does not apply."""
+def drop_unused_options(model_args: ModelArguments, training_args: TrainingArguments) -> None:
+    """Name, in one line, the options of pretrain/run.py that this loop does not apply, and
+    set them to what it does, so that the run summary records what ran."""
     unused = []
     if model_args.loss_implementation != "hf":
         unused.append(
             f"--loss_implementation {model_args.loss_implementation} (the loss is "
             "transformers' cross-entropy over the full logits)"
         )
+        model_args.loss_implementation = "hf"
     if training_args.torch_compile:
         unused.append("--torch_compile (the model runs eagerly)")
+        training_args.torch_compile = False
     if training_args.save_strategy != "no":
         unused.append(f"--save_strategy {training_args.save_strategy.value} (no checkpoints)")
     if training_args.eval_strategy != "no":
-        unused.append(f"--eval_strategy {training_args.eval_strategy.value} (no evaluation)")
-    if training_args.report_to:
-        unused.append(f"--report_to {','.join(training_args.report_to)} (no logger but the log)")
+        unused.append(
+            f"--eval_strategy {training_args.eval_strategy.value} (one evaluation at the end)"
+        )
     if unused:
         logger.warning("not applied by this loop: %s", "; ".join(unused))
 
@@ -196,8 +229,11 @@ def build_local_model(
         return LocalModel(
             module=pipeline.stage,
             forward_backward=pipeline.forward_backward,
+            evaluate=pipeline.evaluate,
+            eval_batch_blocks=parallel_args.num_microbatches,
             clip_grad_norm_=pipeline.clip_grad_norm_,
             loss_rank=dist.get_world_size() - 1,
+            is_sharded=True,
             tied_weight_difference=pipeline.tied_weight_difference,
         )
     model.to(device)
@@ -209,12 +245,19 @@ def build_local_model(
         loss.backward()
         return loss.detach()
 
+    def evaluate(input_ids: torch.Tensor) -> torch.Tensor:
+        losses = [model(input_ids=block[None], labels=block[None]).loss for block in input_ids]
+        return torch.stack(losses)
+
     parameters = list(model.parameters())
     return LocalModel(
         module=model,
         forward_backward=forward_backward,
+        evaluate=evaluate,
+        eval_batch_blocks=1,
         clip_grad_norm_=lambda max_norm: clip_grad_norm_(parameters, max_norm),
         loss_rank=0,
+        is_sharded=strategy == "tp",
     )
 
 
@@ -241,59 +284,91 @@ def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torc
     )
 
 
+def logging_interval(training_args: TrainingArguments, num_steps: int) -> int:
+    """Trainer's logging interval: --logging_steps, or below 1 a fraction of the steps."""
+    every = training_args.logging_steps
+    return max(math.ceil(num_steps * every), 1) if every < 1 else int(every)
+
+
 def train_steps(
     local: LocalModel,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    batches: Iterable[torch.Tensor],
+    batches: Iterator[torch.Tensor],
     num_steps: int,
     training_args: TrainingArguments,
-) -> LoopRecord:
-    """One optimizer step per batch; each step timed to the end of its device work."""
+    clock: LoopClock,
+    writer: SummaryWriter | None,
+) -> StepLog:
+    """One optimizer step per batch, logged as Trainer logs: each logging window's mean loss
+    and the last grad norm and learning rate, with the window's speed, to TensorBoard."""
     device = training_args.device
     max_norm = training_args.max_grad_norm if training_args.max_grad_norm > 0 else math.inf
-    # As Trainer reads it: below 1, a fraction of the steps.
-    log_every = training_args.logging_steps
-    if log_every < 1:
-        log_every = math.ceil(num_steps * log_every)
-    record = LoopRecord()
+    log_every = logging_interval(training_args, num_steps)
+    log = StepLog()
+    window_losses: list[torch.Tensor] = []
+    clock.start(0)
     for step, batch in enumerate(batches, start=1):
-        started = time.perf_counter()
+        learning_rate = scheduler.get_last_lr()[0]
         loss = local.forward_backward(batch.to(device))
         grad_norm = local.clip_grad_norm_(max_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        record.step_seconds.append(time.perf_counter() - started)
-        record.grad_norms.append(grad_norm.item())
         if loss is not None:
-            record.losses.append(loss.item())
-            if step == 1 or step % log_every == 0 or step == num_steps:
-                logger.info(
-                    "step %d/%d: loss %.4f, grad norm %.3f, %.3f s",
-                    step,
-                    num_steps,
-                    record.losses[-1],
-                    record.grad_norms[-1],
-                    record.step_seconds[-1],
-                )
-    return record
+            window_losses.append(loss)
+        clock.step_done()
+        if not (step % log_every == 0 or (step == 1 and training_args.logging_first_step)):
+            continue
+        scalars = clock.window(step)  # after the device's work: the loss is read below
+        if loss is None:
+            continue
+        window_loss = torch.stack(window_losses).mean().item()
+        window_losses.clear()
+        log.logged_losses.append(window_loss)
+        scalars |= {
+            TRAIN_LOSS: window_loss,
+            GRAD_NORM: grad_norm.item(),
+            LEARNING_RATE: learning_rate,
+        }
+        logger.info(
+            "step %d/%d: loss %.4f, grad norm %.3f", step, num_steps, window_loss, grad_norm.item()
+        )
+        if writer is not None:
+            for tag, value in scalars.items():
+                writer.add_scalar(tag, value, step)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    clock.stop()
+    return log
 
 
-def batches_in_seeded_order(
-    train_blocks: datasets.Dataset, schedule: BlockSchedule, seed: int
-) -> Iterator[torch.Tensor]:
-    """Every step's token ids (batch_blocks, block_size), the same on every process and for
-    every strategy: a seeded permutation of the blocks, read in order. A last step that the
-    blocks do not fill takes the first blocks again, so every step has the same size."""
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(schedule.num_train_blocks, generator=generator)
+def training_batches(train_blocks: datasets.Dataset, schedule: BlockSchedule, seed: int):
+    """Every step's token ids (up to batch_blocks, block_size), the same on every process and
+    in the order Trainer reads them: accelerate's seeded sampler over the blocks, consecutive
+    batches, the last one partial when the blocks do not fill it."""
+    order = list(SeedableRandomSampler(range(schedule.num_train_blocks), data_seed=seed))
     for step in range(schedule.max_steps):
-        positions = torch.arange(step * schedule.batch_blocks, (step + 1) * schedule.batch_blocks)
-        indices = order[positions % schedule.num_train_blocks].tolist()
-        yield train_blocks[indices]["input_ids"]  # int64 (batch_blocks, block_size)
+        indices = order[step * schedule.batch_blocks : (step + 1) * schedule.batch_blocks]
+        yield train_blocks[indices]["input_ids"]  # int64 (blocks, block_size)
+
+
+@torch.no_grad()
+def evaluate(local: LocalModel, blocks: datasets.Dataset, device: torch.device) -> float | None:
+    """Mean loss over the validation blocks (each block's mean, averaged), on the loss rank, as
+    Trainer's evaluation computes it for blocks of equal length; None without blocks."""
+    if not len(blocks):
+        return None
+    local.module.eval()
+    step = local.eval_batch_blocks
+    losses = [
+        local.evaluate(blocks[start : start + step]["input_ids"].to(device))
+        for start in range(0, len(blocks), step)
+    ]
+    local.module.train()
+    if losses[0] is None:
+        return None
+    return torch.cat(losses).mean().item()
 
 
 def from_rank(source_rank: int, value: Any) -> Any:
@@ -310,24 +385,25 @@ def train_model_parallel(
     model_args: ModelArguments,
     corpus_args: CorpusArguments,
     data_args: DataArguments,
+    report_args: ReportArguments,
     training_args: TrainingArguments,
+    launched_at: float,
 ) -> dict[str, Any]:
-    """Prepare the data, split the model, train; return the summary (the same on every rank)."""
+    """Prepare the data, split the model, train, evaluate; the run summary (on every rank)."""
     strategy = parallel_args.strategy
     check_launch(strategy, training_args)
-    warn_unused_options(model_args, training_args)
+    drop_unused_options(model_args, training_args)
     tokenizer = load_tokenizer(data_args.tokenizer_dir)
-    model_config = build_model_config(
-        model_args.model_preset,
-        tokenizer,
-        data_args.block_size,
-        vocab_size=model_args.vocab_size,
-        dropout=model_args.dropout,
-        attn_implementation=model_args.attn_implementation,
-    )
+    model_config = model_args.model_config(tokenizer, data_args.block_size)
     batch_blocks = training_args.per_device_train_batch_size
     if strategy == "tp":
         check_tensor_parallel_size(model_config.n_head, training_args.world_size)
+    with training_args.main_process_first(local=False, desc="preparing packed blocks"):
+        cache_dir = prepare_blocks(corpus_args, data_args, tokenizer)
+    blocks = load_blocks(cache_dir)
+    schedule = BlockSchedule.one_pass(
+        len(blocks["train"]), batch_blocks, data_args.block_size, training_args.max_steps
+    )
     if strategy == "pp":
         check_pipeline_arguments(
             model_config.n_layer,
@@ -335,19 +411,15 @@ def train_model_parallel(
             parallel_args.pipeline_schedule,
             parallel_args.num_microbatches,
             batch_blocks,
+            last_batch_blocks=schedule.last_batch_blocks,
         )
-    with training_args.main_process_first(local=False, desc="preparing packed blocks"):
-        cache_dir = prepare_blocks(corpus_args, data_args, tokenizer)
-    train_blocks = load_blocks(cache_dir)["train"]
-    schedule = BlockSchedule.one_pass(
-        len(train_blocks), batch_blocks, data_args.block_size, training_args.max_steps
-    )
-    batches = batches_in_seeded_order(train_blocks, schedule, training_args.seed)
 
-    set_seed(training_args.seed)  # the same initial weights in every process and strategy
+    set_seed(training_args.seed)  # the same initial weights as pretrain/run.py's
     model = build_model(model_config)
     num_parameters = count_parameters(model)
-    local = build_local_model(strategy, model, training_args.device, parallel_args)
+    model_flops_per_token = flops_per_token(model, data_args.block_size)
+    device = training_args.device
+    local = build_local_model(strategy, model, device, parallel_args)
     optimizer = build_optimizer(local.module, training_args)
     scheduler = get_scheduler(
         training_args.lr_scheduler_type,
@@ -356,63 +428,92 @@ def train_model_parallel(
         num_training_steps=schedule.max_steps,
         scheduler_specific_kwargs=training_args.lr_scheduler_kwargs,
     )
+    output_dir = Path(training_args.output_dir)
+    run = RunSetup(
+        config={
+            **resolved_options(
+                parallel_args, model_args, corpus_args, data_args, report_args, training_args
+            ),
+            "model_config": model_config.to_dict(),
+        },
+        final_loss_window=report_args.final_loss_window,
+        loss_threshold=report_args.loss_threshold,
+        schedule=schedule,
+        data={"cache_dir": str(cache_dir), **read_stats(cache_dir)},
+        num_parameters=num_parameters,
+        flops_per_token=model_flops_per_token,
+        peak_flops_per_second=job_peak_flops_per_second(
+            report_args.peak_tflops, device, training_args.world_size
+        ),
+        strategy=Strategy(
+            parallel_args.strategy_name, LOOP_STRATEGIES[strategy], training_args.world_size
+        ),
+        accelerator_state=(
+            f"torch.distributed {dist.get_backend()}, {training_args.world_size} processes, "
+            f"device {device}"
+            if dist.is_initialized()
+            else f"one process, device {device}"
+        ),
+        speed_settings=speed_settings(model_args, training_args, "fp32", False, model_config),
+    )
     logger.info(
         "%s over %d process(es): %d steps of %d blocks x %d tokens",
-        strategy,
+        run.strategy.name,
         training_args.world_size,
         schedule.max_steps,
         batch_blocks,
         data_args.block_size,
     )
-    record = train_steps(local, optimizer, scheduler, batches, schedule.max_steps, training_args)
-
-    footprint = gather_footprints(rank_footprint(local.module, optimizer, training_args.device))
-    losses, tied_difference = from_rank(
-        local.loss_rank, (record.losses, local.tied_weight_difference())
+    is_loss_rank = training_args.process_index == local.loss_rank
+    if training_args.process_index == 0:
+        copy_document_split(cache_dir, output_dir)
+    writer = SummaryWriter(str(output_dir / TENSORBOARD_DIR)) if is_loss_rank else None
+    clock = LoopClock(
+        schedule,
+        model_flops_per_token,
+        run.peak_flops_per_second,
+        device,
+        snapshot_path=output_dir / NVIDIA_SMI_FILE,
     )
-    step_seconds = statistics.median(record.step_seconds[1:] or record.step_seconds)
-    is_pipeline = strategy == "pp"
-    return {
-        "strategy": strategy,
-        "num_processes": training_args.world_size,
-        "device": training_args.device.type,
-        "pipeline_schedule": parallel_args.pipeline_schedule if is_pipeline else None,
-        "num_microbatches": parallel_args.num_microbatches if is_pipeline else None,
-        "max_steps": schedule.max_steps,
-        "global_batch_tokens": schedule.batch_tokens,
-        "num_parameters": num_parameters,
-        "losses": losses,
-        "grad_norms": record.grad_norms,
-        "final_loss": losses[-1],
-        "first_step_seconds": record.step_seconds[0],
-        "step_seconds": step_seconds,
-        "tokens_per_second": schedule.batch_tokens / step_seconds,
-        "footprint": footprint,
-        "tied_weight_max_difference": tied_difference,
-        "hardware": hardware_description(),
-        "versions": library_versions(),
-        "config": resolved_options(
-            parallel_args, model_args, corpus_args, data_args, training_args
-        ),
-    }
+    batches = training_batches(blocks["train"], schedule, training_args.seed)
+    log = train_steps(
+        local, optimizer, scheduler, batches, schedule.max_steps, training_args, clock, writer
+    )
+    ranks = gather_footprints(rank_footprint(local.module, optimizer, device))
+    eval_loss = evaluate(local, blocks["validation"], device)
+    if writer is not None:
+        if eval_loss is not None:
+            writer.add_scalar(EVAL_LOSS, eval_loss, schedule.max_steps)
+        writer.close()
+    logged_losses, eval_loss, tied_difference = from_rank(
+        local.loss_rank, (log.logged_losses, eval_loss, local.tied_weight_difference())
+    )
+    result = LoopResult(
+        start_step=0,
+        global_step=schedule.max_steps,
+        logged_losses=logged_losses,
+        eval_loss=eval_loss,
+        loop_seconds=clock.loop_seconds,
+        first_step_seconds=clock.first_step_seconds,
+        ranks=ranks,
+        replica_checksums=None if local.is_sharded else [parameter_checksum(local.module)],
+        checks={} if tied_difference is None else {"tied_weight_max_difference": tied_difference},
+    )
+    return run_summary(run, result, launched_at)
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
+    launched_at = psutil.Process().create_time()
     arguments = parse_args(
         ARGUMENT_TYPES, argv, description=__doc__, prog="python -m pretrain.parallel.train"
     )
     training_args = arguments[-1]
-    summary = train_model_parallel(*arguments)
+    summary = train_model_parallel(*arguments, launched_at=launched_at)
     if training_args.process_index == 0:
-        path = Path(training_args.output_dir) / MODEL_PARALLEL_SUMMARY_FILE
-        write_json_atomic(path, summary)
-        logger.info(
-            "final loss %.4f, %.0f tokens/s; summary in %s",
-            summary["final_loss"],
-            summary["tokens_per_second"],
-            path,
-        )
+        output_dir = Path(training_args.output_dir)
+        write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
+        print(f"{headline(summary)}; run folder {output_dir}")
     if dist.is_initialized():
         # Without the barrier, gloo sometimes aborts at exit while a peer is still shutting down.
         dist.barrier()
