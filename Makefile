@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 # Where the demo writes its runs and report.
 DEMO_DIR ?= runs/demo
 
-.PHONY: install demo test lint format clean
+.PHONY: install demo test test-fast lint format clean
 
 $(INSTALLED): requirements.txt requirements-dev.txt requirements-deepspeed.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ format: install
 
 test: lint
 	$(VENV)/bin/pytest
+
+# The edit loop: every test but the slow, multi-process and system ones (about 1.5 minutes).
+test-fast: lint
+	$(VENV)/bin/pytest -m "not slow and not multiprocess and not system"
 
 demo: install
 	$(BIN)/write-demo-corpus --output_dir $(DEMO_DIR)/corpus --overwrite

@@ -22,6 +22,8 @@ from common.run_contract import (
 )
 from report.build import write_report
 
+pytestmark = pytest.mark.multiprocess
+
 NUM_STEPS = 3
 GLOBAL_BATCH = 4  # blocks: 2 per process under data parallel
 # Every strategy adds the same numbers in another order: fp32 rounding, nothing more.

@@ -73,6 +73,7 @@ def test_docstring_corpus_refuses_a_missing_package_root(tmp_path):
         )
 
 
+@pytest.mark.multiprocess
 def test_gpu_ablation_dry_run_runs_the_shipped_config_and_tabulates(
     wos_corpus_dir, tiny_tokenizer_dir, tmp_path
 ):

@@ -177,6 +177,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS.values(), ids=COMMANDS.keys())
 def test_command_with_a_typo_prints_one_line_with_a_suggestion(command):
     argv, typo, suggestion = command

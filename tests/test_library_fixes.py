@@ -65,12 +65,14 @@ def distributed_types_on_cpu(plugin_kind: str) -> tuple[str, str]:
     return released, fixed
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("plugin_kind", ["fsdp", "deepspeed"])
 def test_accelerate_still_drops_sharding_plugins_on_cpu_processes(plugin_kind):
     released, _ = distributed_types_on_cpu(plugin_kind)
     assert released == "MULTI_CPU"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("plugin_kind", "expected"), [("fsdp", "FSDP"), ("deepspeed", "DEEPSPEED")]
 )

@@ -256,6 +256,7 @@ def test_test_set_without_some_digits_trains_and_shows_the_digits_it_has(tmp_pat
 # ---------------------------------------------------------------- a quiet log
 
 
+@pytest.mark.slow
 def test_lightning_run_log_has_none_of_the_noise_lines(tmp_path):
     # Lightning's srun hint appears wherever an srun executable is on PATH outside a Slurm
     # task; one that does nothing is enough.

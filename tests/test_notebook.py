@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "lenet5.ipynb"
@@ -19,6 +20,7 @@ def test_notebook_is_committed_without_outputs():
     assert all(cell.execution_count is None for cell in code_cells)
 
 
+@pytest.mark.slow
 def test_notebook_runs_on_embedded_digits(tmp_path, monkeypatch):
     monkeypatch.setenv("LENET5_NOTEBOOK_EPOCHS", "1")
     # One torch thread in the kernel: faster than two on a shared 2-core machine.

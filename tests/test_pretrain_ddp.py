@@ -21,6 +21,8 @@ from safetensors.torch import load_file
 
 from pretrain.run import main
 
+pytestmark = pytest.mark.multiprocess
+
 NUM_BLOCKS = 64
 GLOBAL_BATCH = 4  # blocks: 1 process x 4, or 2 processes x 2
 NUM_STEPS = NUM_BLOCKS // GLOBAL_BATCH

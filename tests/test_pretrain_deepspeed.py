@@ -14,6 +14,8 @@ from sharded_runs import (
     rank_records,
 )
 
+pytestmark = pytest.mark.multiprocess
+
 # Per process, as shares of one process's bytes (parameters, optimizer state): ZeRO-2 keeps
 # every weight, half of the Adam moments and an fp32 copy of its half of the weights (the
 # partition its optimizer updates); ZeRO-3 keeps half of the weights, updated in place, and

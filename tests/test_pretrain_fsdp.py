@@ -16,6 +16,8 @@ from sharded_runs import (
     rank_records,
 )
 
+pytestmark = pytest.mark.multiprocess
+
 FSDP_CONFIG = CONFIG_DIR / "cpu_fsdp.yaml"
 
 

@@ -51,6 +51,7 @@ def test_without_a_gpu_sampling_and_snapshot_do_nothing(tmp_path):
     assert not (tmp_path / NVIDIA_SMI_FILE).exists()
 
 
+@pytest.mark.system
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_with_a_gpu_sampling_reads_the_three_tags(tmp_path):
     device = torch.device("cuda", torch.cuda.current_device())

@@ -69,6 +69,7 @@ def test_flops_per_token_follows_6n_plus_attention(tokenizer):
     assert flops_per_token(model, 64) == 6 * matmul_params + 12 * n_layer * width * 64
 
 
+@pytest.mark.slow
 def test_gpt2_117m_builds_and_trains_one_step_on_cpu(tokenizer):
     # GPT-2's own padded vocabulary (50,257 -> 50,304) gives nanoGPT's count for GPT-2 small.
     config = build_model_config("gpt2-117m", tokenizer, block_size=128, vocab_size=50304)

@@ -37,6 +37,7 @@ def reference(data_paths, tmp_path_factory):
     return trainer_reference(data_paths, tmp_path_factory)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_two_pipeline_stages_train_like_pretrain_run_in_one_process(
     schedule, reference, data_paths, tiny_tokenizer_dir, tmp_path

@@ -55,6 +55,7 @@ def tensor_parallel(data_paths, tmp_path_factory):
     return output_dir
 
 
+@pytest.mark.multiprocess
 def test_two_tensor_parallel_processes_train_like_pretrain_run_in_one(reference, tensor_parallel):
     summary, single = read_summary(tensor_parallel), read_summary(reference)
     assert summary["parallelism"]["strategy"] == "tp"
@@ -76,6 +77,7 @@ def test_two_tensor_parallel_processes_train_like_pretrain_run_in_one(reference,
     assert summary["global_batch_tokens"] == single["global_batch_tokens"]
 
 
+@pytest.mark.multiprocess
 def test_the_report_shows_a_tensor_parallel_run_like_any_other(
     reference, tensor_parallel, tmp_path
 ):
@@ -86,6 +88,7 @@ def test_the_report_shows_a_tensor_parallel_run_like_any_other(
     assert (tmp_path / "report" / "gpt_loss.png").is_file()
 
 
+@pytest.mark.multiprocess
 def test_each_process_holds_half_of_every_split_parameter(
     reference, tensor_parallel, tiny_tokenizer_dir
 ):

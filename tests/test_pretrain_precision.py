@@ -1,4 +1,5 @@
-"""Precision is decided once: the accelerate launcher, else our flags, else the hardware."""
+"""Precision is decided once: the accelerate launcher, else our flags, else the hardware. The
+CPU processes' rules hold on every machine; a GPU machine also checks its own choice."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ from transformers import TrainingArguments
 
 from common.cli import InputError
 from pretrain.precision import LAUNCHER_PRECISION_VARIABLE, resolve_precision
-
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU expectations")
 
 
 def cpu_arguments(tmp_path, **kwargs) -> TrainingArguments:
@@ -43,3 +42,14 @@ def test_two_different_precisions_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv(LAUNCHER_PRECISION_VARIABLE, "bf16")
     with pytest.raises(InputError, match="accelerate config says bf16 and the command line says"):
         resolve_precision(cpu_arguments(tmp_path, fp16=True))
+
+
+@pytest.mark.system
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_gpu_without_any_setting_trains_in_its_best_16_bit_precision(tmp_path, monkeypatch):
+    monkeypatch.delenv(LAUNCHER_PRECISION_VARIABLE, raising=False)
+    arguments = TrainingArguments(output_dir=str(tmp_path))
+    choice = resolve_precision(arguments)
+    ampere_or_newer = torch.cuda.get_device_capability()[0] >= 8
+    assert choice.mixed_precision == ("bf16" if ampere_or_newer else "fp16")
+    assert choice.tf32 is ampere_or_newer and choice.source.startswith("automatic")

@@ -85,6 +85,7 @@ def wait_for_complete_checkpoint(output_dir, process=None, min_step=1):
         time.sleep(POLL_SECONDS)
 
 
+@pytest.mark.multiprocess
 def test_sigusr1_saves_a_checkpoint_and_auto_resume_finishes(data_paths, tmp_path):
     output_dir = tmp_path / "run"
     argv = tiny_run_argv(
@@ -117,6 +118,7 @@ def test_sigusr1_saves_a_checkpoint_and_auto_resume_finishes(data_paths, tmp_pat
     assert summary["global_step"] == summary["max_steps"] == NUM_STEPS
 
 
+@pytest.mark.multiprocess
 def test_resume_after_sigkill_continues_from_the_last_complete_checkpoint(data_paths, tmp_path):
     output_dir = tmp_path / "run"
     argv = tiny_run_argv(

@@ -78,6 +78,7 @@ def tiny_run(tiny_run_process):
     return tiny_run_process[0]
 
 
+@pytest.mark.slow
 def test_tiny_run_learns_and_writes_its_summary(tiny_run):
     summary = read_summary(tiny_run)
     assert set(GPT_REQUIRED_KEYS) <= set(summary)
@@ -117,6 +118,7 @@ def test_tiny_run_learns_and_writes_its_summary(tiny_run):
     assert summary["versions"]["transformers"]
 
 
+@pytest.mark.slow
 def test_bits_per_byte_is_the_validation_text_s_nats_per_byte(tiny_run):
     """Measured directly: the final model's summed loss over the validation blocks' predicted
     tokens, over the bytes those tokens stand for, counted from the byte-level vocabulary (one
@@ -135,6 +137,7 @@ def test_bits_per_byte_is_the_validation_text_s_nats_per_byte(tiny_run):
     assert summary["bits_per_byte"] == pytest.approx(nats.item() / num_bytes / math.log(2))
 
 
+@pytest.mark.slow
 def test_tensorboard_events_land_in_the_run_folder(tiny_run):
     accumulator = EventAccumulator(str(tiny_run / TENSORBOARD_DIR))
     accumulator.Reload()
@@ -146,6 +149,7 @@ def test_tensorboard_events_land_in_the_run_folder(tiny_run):
     assert not (tiny_run / NVIDIA_SMI_FILE).exists()
 
 
+@pytest.mark.slow
 def test_a_tiny_run_logs_our_lines_and_no_library_noise(tiny_run_process):
     _, finished = tiny_run_process
     log = finished.stdout + finished.stderr
@@ -157,6 +161,7 @@ def test_a_tiny_run_logs_our_lines_and_no_library_noise(tiny_run_process):
     assert f"run folder {tiny_run_process[0]}" in finished.stdout
 
 
+@pytest.mark.slow
 def test_final_model_loads_and_samples_text(tiny_run, capsys):
     model = AutoModelForCausalLM.from_pretrained(tiny_run / FINAL_MODEL_DIR)
     assert model.config.vocab_size == 512 and model.config.n_layer == 2
@@ -168,6 +173,7 @@ def test_final_model_loads_and_samples_text(tiny_run, capsys):
     assert text.startswith("The method") and len(text) > len("The method")
 
 
+@pytest.mark.slow
 def test_chunked_loss_trains_like_the_hf_loss(data_paths, tiny_run, tmp_path):
     output_dir = tmp_path / "chunked"
     argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS)
@@ -250,6 +256,7 @@ def test_missing_tokenizer_is_one_line_and_exit_2(data_paths, tmp_path, capsys):
     assert "tokenizer folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_finished_run_folder_is_not_overwritten(data_paths, tiny_run, capsys):
     summary_before = (tiny_run / GPT_SUMMARY_FILE).read_bytes()
     assert main(tiny_run_argv(**data_paths, output_dir=tiny_run)) == 2

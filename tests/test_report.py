@@ -390,6 +390,7 @@ def test_folder_without_anything_is_reported(tmp_path):
     assert "## Unrecognised folders" in markdown
 
 
+@pytest.mark.system
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium not installed")
 def test_no_screenshot_of_runs_without_scalars(tmp_path):
     empty = tmp_path / "empty_run"
@@ -451,6 +452,7 @@ def test_unreadable_summary_is_reported(mnist_pytorch_run, tmp_path):
 # ---------------------------------------------------------------- what the report depends on
 
 
+@pytest.mark.slow
 def test_the_report_runs_without_torch(mnist_pytorch_run, tmp_path):
     # In a fresh interpreter: the test process itself has imported torch long ago.
     out = tmp_path / "report"
@@ -502,6 +504,7 @@ def test_the_report_spells_no_file_name_or_tag_of_the_contract():
 # ---------------------------------------------------------------- TensorBoard in a real browser
 
 
+@pytest.mark.system
 @pytest.mark.skipif(
     shutil.which("chromium") is None,
     reason="Chromium not installed (.ci/install_chromium.sh installs it)",

@@ -35,9 +35,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 SLURM_SCRIPTS = REPO_ROOT / "scripts" / "slurm"
 
-pytestmark = pytest.mark.skipif(
-    missing_requirements() is not None, reason=str(missing_requirements())
-)
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements())),
+]
 
 
 @pytest.fixture(scope="module")

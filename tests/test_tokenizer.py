@@ -177,6 +177,7 @@ def test_help_documents_every_option(capsys):
     assert example in text.splitlines()
 
 
+@pytest.mark.slow
 def test_command_in_a_new_process_gives_the_same_tokenizer(wos_corpus_dir, tmp_path):
     """Another process (other hash seeds, thread timings) learns the identical tokenizer.json."""
     argv = ["--corpus", str(wos_corpus_dir), "--vocab_size", "600"]
@@ -196,6 +197,7 @@ def test_command_in_a_new_process_gives_the_same_tokenizer(wos_corpus_dir, tmp_p
     ).read_bytes()
 
 
+@pytest.mark.slow
 def test_command_log_holds_only_lines_worth_reading(wos_corpus_dir, tmp_path):
     """Each log line once, no warnings, no blank progress-bar lines, and no "sequence length is
     longer than the specified maximum" from measuring documents longer than the context."""
