@@ -5,7 +5,8 @@ Every entry point is `main(argv: list[str] | None = None) -> int`, decorated wit
 `HfArgumentParser`, with `--config file.yaml` (or .json) supplying defaults that
 command-line flags override. Bad input raises `InputError`, which becomes one line on
 stderr and exit code 2 instead of a traceback; a mistyped flag or a bad value included,
-with the closest option suggested instead of the whole usage printed.
+with the closest option suggested instead of the whole usage printed. A run that fails after
+good input (diverged, disk full) raises `RunFailed`: one line and exit code 3.
 """
 
 from __future__ import annotations
@@ -29,10 +30,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EXIT_BAD_INPUT = 2
+# A run that started from good input but did not produce its result: it diverged, or the disk
+# filled up while saving. Distinct from a crash (1) and from bad input (2), so that a job script
+# tells them apart (a Slurm job does not requeue such a run).
+EXIT_RUN_FAILED = 3
 
 
 class InputError(Exception):
     """Bad input from the user: what is wrong, where, and how to fix it, in one line."""
+
+
+class RunFailed(Exception):
+    """A run that could not finish as asked: what happened, what was kept, what to do, in one
+    line."""
 
 
 def setup_logging(level: int = logging.INFO) -> None:
@@ -48,7 +58,8 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 
 def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[..., int]:
-    """Wrap `main(argv)`: set up logging, turn `InputError` into one line and exit code 2."""
+    """Wrap `main(argv)`: set up logging, turn `InputError` into one line and exit code 2, and
+    `RunFailed` into one line and exit code 3."""
 
     @functools.wraps(main)
     def wrapper(argv: list[str] | None = None) -> int:
@@ -56,11 +67,18 @@ def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[...,
         try:
             return main(argv) or 0
         except InputError as err:
-            # One line whatever the message: a library's multi-line text included.
-            print("error: " + " ".join(str(err).split()), file=sys.stderr)
+            print_error_line(err)
             return EXIT_BAD_INPUT
+        except RunFailed as err:
+            print_error_line(err)
+            return EXIT_RUN_FAILED
 
     return wrapper
+
+
+def print_error_line(err: Exception) -> None:
+    # One line whatever the message: a library's multi-line text included.
+    print("error: " + " ".join(str(err).split()), file=sys.stderr)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

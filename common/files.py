@@ -1,17 +1,31 @@
-"""Write outputs so that an interrupted job never leaves a half-written result behind."""
+"""Write outputs so that an interrupted job never leaves a half-written result behind, check
+that what was written is still whole, and keep two processes from writing the same thing.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
+import math
 import os
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from common.cli import InputError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+HASH_CHUNK_BYTES = 8 << 20
 
 
 @contextmanager
@@ -41,15 +55,117 @@ def atomic_dir(final_dir: str | Path, overwrite: bool = False) -> Iterator[Path]
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to a temporary file in the same folder, then rename it over `path`."""
+    """Write JSON to a temporary file in the same folder, then rename it over `path`.
+
+    Strict JSON, which every parser reads: a NaN or an infinity is written as null.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False, default=str)
+            json.dump(finite_or_null(data), handle, indent=2, allow_nan=False, default=str)
             handle.write("\n")
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def finite_or_null(data: Any) -> Any:
+    """`data` with every NaN and infinity (in nested dicts, lists and tuples) turned into None."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: finite_or_null(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_or_null(value) for value in data]
+    return data
+
+
+def file_digests(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """Size and xxh3-64 digest of every file under `folder` (relative POSIX path -> record),
+    those named in `skip` left out; fast enough (several GB/s) to check on every reuse."""
+    records = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder).as_posix()
+        if not path.is_file() or path.name in skip:
+            continue
+        digest = xxhash.xxh3_64()
+        with path.open("rb") as handle:
+            for chunk in iter(lambda handle=handle: handle.read(HASH_CHUNK_BYTES), b""):
+                digest.update(chunk)
+        records[relative] = {"bytes": path.stat().st_size, "xxh3_64": digest.hexdigest()}
+    return records
+
+
+def damage_in(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None:
+    """Why `folder` no longer holds the files `recorded` by `file_digests`, or None when it
+    does: the first missing, resized or changed file, named."""
+    for relative, record in recorded.items():
+        path = folder / relative
+        if not path.is_file():
+            return f"{relative} is missing"
+        size = path.stat().st_size
+        if size != record["bytes"]:
+            return f"{relative} has {size:,} bytes, {record['bytes']:,} when it was written"
+    current = file_digests(folder)
+    for relative, record in recorded.items():
+        if current[relative]["xxh3_64"] != record["xxh3_64"]:
+            return f"{relative} changed since it was written (its checksum differs)"
+    return None
+
+
+class LockHeld(Exception):
+    """Another process holds the lock; `holder` says which (pid, host, since when)."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+@contextmanager
+def exclusive_lock(lock_path: Path, wait: bool) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path` while the block runs; the file is removed after.
+
+    The kernel releases the lock when its process ends, however it ends (kill -9 included), so
+    a lock is never left stuck by a dead process. With `wait`, block until the holder lets go
+    (saying so once); without, raise `LockHeld` naming the holder, whose pid, host and start
+    time the file keeps. A holder removes the file before letting go, so a waiter that wakes up
+    on a removed file tries again on the path's new one.
+    """
+    said_waiting = False
+    while True:
+        handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (closed below)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            if not wait:
+                handle.close()
+                raise LockHeld(holder) from None
+            if not said_waiting:
+                logger.info("waiting for %s, held by %s", lock_path, holder)
+                said_waiting = True
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        if _is_current_file(handle, lock_path):
+            break
+        handle.close()  # the holder removed it while we waited: lock the path's new file
+    try:
+        handle.seek(0)
+        handle.truncate()
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        handle.write(f"process {os.getpid()} on {socket.gethostname()} since {started}\n")
+        handle.flush()
+        yield
+    finally:
+        Path(lock_path).unlink(missing_ok=True)
+        handle.close()
+
+
+def _is_current_file(handle, path: Path) -> bool:
+    try:
+        return os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False

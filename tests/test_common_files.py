@@ -1,0 +1,70 @@
+"""Outputs that are whole or absent, checksums that find damage, locks that die with their
+process, strict JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from common.files import (
+    LockHeld,
+    damage_in,
+    exclusive_lock,
+    file_digests,
+    finite_or_null,
+    write_json_atomic,
+)
+
+
+def test_json_is_strict_nan_and_infinities_become_null(tmp_path):
+    data = {"loss": math.nan, "nested": [1.0, math.inf, {"x": -math.inf}], "ok": 2.5}
+    write_json_atomic(tmp_path / "a.json", data)
+    text = (tmp_path / "a.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"loss": None, "nested": [1.0, None, {"x": None}], "ok": 2.5}
+    assert finite_or_null((1.0, math.nan)) == [1.0, None]
+
+
+def test_digests_find_a_missing_resized_or_changed_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    (tmp_path / "sub" / "b.bin").write_bytes(b"xyz")
+    recorded = file_digests(tmp_path)
+    assert set(recorded) == {"a.bin", "sub/b.bin"} and damage_in(tmp_path, recorded) is None
+    (tmp_path / "sub" / "b.bin").write_bytes(b"xyZ")
+    assert (
+        damage_in(tmp_path, recorded) == "sub/b.bin changed since it was written (its "
+        "checksum differs)"
+    )
+    (tmp_path / "a.bin").write_bytes(b"ab")
+    assert damage_in(tmp_path, recorded) == "a.bin has 2 bytes, 3 when it was written"
+    (tmp_path / "a.bin").unlink()
+    assert damage_in(tmp_path, recorded) == "a.bin is missing"
+
+
+def test_a_held_lock_names_its_holder_and_dies_with_its_process(tmp_path):
+    lock = tmp_path / ".lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, pathlib\n"
+         "from common.files import exclusive_lock\n"
+         f"with exclusive_lock(pathlib.Path({str(lock)!r}), wait=False):\n"
+         "    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with (
+            pytest.raises(LockHeld, match=f"process {holder.pid} on "),
+            exclusive_lock(lock, wait=False),
+        ):
+            pass
+    finally:
+        holder.kill()  # kill -9: no cleanup of its own
+        holder.wait()
+    with exclusive_lock(lock, wait=False):  # the kernel released it
+        assert "process" in lock.read_text()
+    assert not lock.exists()  # the holder removes its lock file when it lets go
