@@ -27,6 +27,7 @@ import logging
 import os
 import posixpath
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ logger = logging.getLogger(__name__)
 WOS_TEXT_FILE = "X.txt"
 # Bump when the reader's output for the same input changes, so fingerprint-keyed caches expire.
 READER_VERSION = 1
+# How a zip file starts (a local file header, or the end record of an empty archive).
+ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")
+WOS_ZIP_BYTES = 60_222_421
 GLOB_CHARS = frozenset("*?[")
 
 
@@ -95,6 +99,7 @@ class TextSource:
     is_jsonl: bool
     open_binary: Callable[[], AbstractContextManager[IO[bytes]]]
     locate: Callable[[str], TextSource | None]
+    in_zip: bool = False  # zip data is checked (CRC) only once read to its end
 
 
 class DocumentCleaner:
@@ -168,7 +173,7 @@ def corpus_fingerprint(args: CorpusArguments) -> str:
     digest.update(json.dumps(options, sort_keys=True).encode())
     for source in resolve_sources(args):
         digest.update(source.label.encode() + b"\0")
-        with source.open_binary() as handle:
+        with _damaged_zip_data_as_input_error(source.label), source.open_binary() as handle:
             for chunk in iter(lambda handle=handle: handle.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
@@ -206,13 +211,15 @@ def check_and_log_counts(stats: CorpusStats, log: bool = True) -> None:
 
 def iter_source_texts(source: TextSource, args: CorpusArguments) -> Iterator[str]:
     errors = "replace" if args.replace_invalid_utf8 else "strict"
-    with source.open_binary() as handle:
+    with _damaged_zip_data_as_input_error(source.label), source.open_binary() as handle:
         # Binary iteration splits on b"\n" only (str.splitlines would also split on form feeds
         # and U+2028 inside a document); a trailing b"\r" goes with the whitespace strip.
         for line_number, raw_line in enumerate(handle, start=1):
             try:
                 line = raw_line.decode("utf-8", errors=errors)
             except UnicodeDecodeError as err:
+                if source.in_zip:
+                    _read_to_the_end(source)  # damaged zip data reads as bad text: say which
                 raise InputError(
                     f"{source.label} line {line_number}: invalid UTF-8 at byte {err.start} of "
                     "the line; fix the file or pass --replace_invalid_utf8 to replace bad bytes"
@@ -266,7 +273,38 @@ def _sources_for_path(path: Path, args: CorpusArguments) -> list[TextSource]:
         return [file_source(_find_wos_text_in_folder(path, args.subset))]
     if zipfile.is_zipfile(path):
         return [_zip_source(path, args.subset)]
+    if _looks_like_a_zip(path):
+        raise InputError(
+            f"{path} is a damaged zip archive ({path.stat().st_size:,} bytes, its table of "
+            "contents missing or unreadable: a download cut short?); download it again (the "
+            f"Web of Science WebOfScience.zip is {WOS_ZIP_BYTES:,} bytes)"
+        )
     return [file_source(path)]
+
+
+def _looks_like_a_zip(path: Path) -> bool:
+    """Named or shaped like a zip: never to be read as text, even when damaged."""
+    with path.open("rb") as handle:
+        start = handle.read(4)
+    return path.suffix.lower() == ".zip" or start in ZIP_SIGNATURES
+
+
+def _read_to_the_end(source: TextSource) -> None:
+    with source.open_binary() as handle:
+        while handle.read(1 << 20):
+            pass
+
+
+@contextmanager
+def _damaged_zip_data_as_input_error(label: str) -> Iterator[None]:
+    """A zip whose table of contents reads but whose data does not (a bad checksum, a cut
+    compressed stream) is bad input, named, not a traceback."""
+    try:
+        yield
+    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+        raise InputError(
+            f"{label}: damaged zip data ({type(err).__name__}: {err}); download it again"
+        ) from None
 
 
 def file_source(path: Path) -> TextSource:
@@ -309,7 +347,7 @@ def _find_wos_text_in_folder(folder: Path, subset: str) -> Path:
 
 def _zip_source(path: Path, subset: str) -> TextSource:
     """The subset's X.txt in a WoS zip, looking one zip level deeper for the wrapped download."""
-    with zipfile.ZipFile(path) as archive:
+    with _damaged_zip_data_as_input_error(str(path)), zipfile.ZipFile(path) as archive:
         member = _find_wos_member(archive, subset, str(path))
         if member is not None:
             return _zip_member_source(path, member)
@@ -362,6 +400,7 @@ def _zip_member_source(path: Path, member: str) -> TextSource:
         is_jsonl=False,
         open_binary=lambda: _open_member(path, member),
         locate=locate,
+        in_zip=True,
     )
 
 
@@ -379,6 +418,7 @@ def _nested_member_source(path: Path, inner_name: str, member: str) -> TextSourc
         is_jsonl=False,
         open_binary=lambda: _open_nested_member(path, inner_name, member),
         locate=locate,
+        in_zip=True,
     )
 
 

@@ -149,3 +149,21 @@ def test_fingerprint_tracks_content_and_options(tmp_path):
     assert corpus_fingerprint(replacing) != first
     path.write_bytes(b"one\nthree\n")
     assert corpus_fingerprint(args) != first
+
+
+def test_a_damaged_zip_is_named_as_such_never_read_as_text(wos_zip, tmp_path):
+    """A download cut short keeps the zip's first bytes but loses its table of contents; bytes
+    damaged inside it decode to garbage that only the zip's checksum tells from bad text."""
+    truncated = write_bytes(tmp_path / "WebOfScience.zip", wos_zip.read_bytes()[:2000])
+    renamed = write_bytes(tmp_path / "download", wos_zip.read_bytes()[:2000])
+    for path in (truncated, renamed):
+        for replace in (False, True):
+            with pytest.raises(InputError, match="is a damaged zip archive .* download it again"):
+                read_all(path, replace_invalid_utf8=replace)
+    data = bytearray(wos_zip.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 16] = b"0123456789abcdef"
+    damaged = write_bytes(tmp_path / "damaged.zip", bytes(data))
+    for replace in (False, True):
+        with pytest.raises(InputError, match="damaged zip data .*Bad CRC-32"):
+            read_all(damaged, replace_invalid_utf8=replace)
