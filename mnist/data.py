@@ -12,6 +12,7 @@ index ranges out of it, with no per-sample Python work.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import math
@@ -69,6 +70,7 @@ class DigitSplits:
     test_images: Tensor
     test_labels: Tensor
     source: str
+    num_test_in_train: int  # test images whose pixels equal a training image's
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -76,7 +78,18 @@ class DigitSplits:
             "num_train": len(self.train_labels),
             "num_val": len(self.val_labels),
             "num_test": len(self.test_labels),
+            "num_test_in_train": self.num_test_in_train,
         }
+
+
+def count_shared_images(train_images: np.ndarray, test_images: np.ndarray) -> int:
+    """How many test images equal a training image pixel for pixel (a 128-bit hash each)."""
+
+    def digest(image: np.ndarray) -> bytes:
+        return hashlib.blake2b(image.tobytes(), digest_size=16).digest()
+
+    seen = {digest(image) for image in train_images}
+    return sum(digest(image) in seen for image in test_images)
 
 
 def normalize_images(images: Tensor) -> Tensor:
@@ -245,6 +258,15 @@ def load_digit_splits(args: MnistArguments) -> DigitSplits:
         )
         description = f"idx ({paths['train_images'].parent})"
         check_every_class_present(train_labels, paths["train_labels"])
+    num_test_in_train = count_shared_images(train_images, test_images)
+    if num_test_in_train:
+        logger.warning(
+            "%d of the %d test digits are also training digits (identical pixels): the test "
+            "accuracy measures memory as much as generalisation; pass test files that do not "
+            "repeat the training files",
+            num_test_in_train,
+            len(test_images),
+        )
     keep_idx, val_idx = split_per_class(train_labels, args.val_fraction)
 
     def as_tensors(images: np.ndarray, labels: np.ndarray) -> tuple[Tensor, Tensor]:
@@ -255,6 +277,7 @@ def load_digit_splits(args: MnistArguments) -> DigitSplits:
         *as_tensors(train_images[val_idx], train_labels[val_idx]),
         *as_tensors(test_images, test_labels),
         source=description,
+        num_test_in_train=num_test_in_train,
     )
     logger.info("data: %s, %s", description, splits.sizes)
     return splits

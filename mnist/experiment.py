@@ -121,8 +121,11 @@ def write_run_results(
 
 def result_line(metrics: dict[str, Any], output_dir: Path) -> str:
     """The one line a trainer prints at the end."""
+    shared = metrics["num_test_in_train"]
+    also_trained = f" ({shared} of them also training digits)" if shared else ""
     return (
-        f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['num_test']} digits after "
+        f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['num_test']} digits"
+        f"{also_trained} after "
         f"{metrics['epochs']} epochs ({metrics['train_seconds']:.0f} s of training); "
         f"results in {output_dir}"
     )

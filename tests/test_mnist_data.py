@@ -212,7 +212,13 @@ def test_idx_files_found_in_the_layouts_users_have(tmp_path, layout):
     folder = tmp_path / "MNIST" / "raw" if layout.startswith("torchvision") else tmp_path
     write_lecun_layout(folder, compress=layout.endswith("gz"), dotted=layout == "dotted")
     splits = load_digit_splits(MnistArguments(data_dir=str(tmp_path), val_fraction=0.5))
-    assert splits.sizes == {"num_train": 10, "num_val": 10, "num_test": NUM_DIGITS}
+    # The tiny files hold the same digits in both splits, and say so.
+    assert splits.sizes == {
+        "num_train": 10,
+        "num_val": 10,
+        "num_test": NUM_DIGITS,
+        "num_test_in_train": NUM_DIGITS,
+    }
     expected_images, expected_labels = tiny_digits()
     np.testing.assert_array_equal(splits.test_images.numpy(), expected_images)
     np.testing.assert_array_equal(splits.test_labels.numpy(), expected_labels)
@@ -246,7 +252,12 @@ def test_sample_is_5000_real_digits_500_per_class():
 def test_sample_split_is_per_class_deterministic_and_disjoint():
     splits = load_digit_splits(MnistArguments(data_source="sample", val_fraction=0.1))
     again = load_digit_splits(MnistArguments(data_source="sample", val_fraction=0.1, seed=7))
-    assert splits.sizes == {"num_train": 3600, "num_val": 400, "num_test": 1000}
+    assert splits.sizes == {
+        "num_train": 3600,
+        "num_val": 400,
+        "num_test": 1000,
+        "num_test_in_train": 0,
+    }
     assert torch.bincount(splits.test_labels).tolist() == [100] * 10
     assert torch.bincount(splits.val_labels).tolist() == [40] * 10
     assert torch.equal(splits.test_images, again.test_images)  # the seed never moves digits

@@ -37,6 +37,7 @@ from common.run_contract import (
     VAL_LOSS,
     WEIGHTS_PREFIX,
 )
+from mnist.data import count_shared_images
 from mnist.idx import write_idx
 from mnist.metrics import DigitMetrics
 from mnist.model import CONV_LAYERS, LeNet5
@@ -251,6 +252,36 @@ def test_test_set_without_some_digits_trains_and_shows_the_digits_it_has(tmp_pat
     # One feature-map row per digit the test set has.
     feature_maps = read_events(output_dir).Images(FEATURE_MAPS_PREFIX + "conv1")
     assert feature_maps[-1].height == 2 + len(test_digits) * 30
+
+
+@TRAINERS
+def test_test_digits_that_repeat_training_digits_are_counted_and_said(
+    tmp_path, capsys, caplog, main
+):
+    """Test files that copy the training files train, but the log and metrics.json say how many
+    test digits the model was trained on, and the result line puts it beside the accuracy."""
+    data_dir = write_digits(tmp_path / "mnist", ALL_DIGITS, ALL_DIGITS)
+    for kind in ("images-idx3", "labels-idx1"):  # the test files become the first 30 training
+        train = (data_dir / f"train-{kind}-ubyte").read_bytes()
+        header = 16 if kind.startswith("images") else 8
+        item = 784 if kind.startswith("images") else 1
+        test = bytearray(train[: header + 30 * item])
+        test[4:8] = (30).to_bytes(4, "big")
+        (data_dir / f"t10k-{kind}-ubyte").write_bytes(bytes(test))
+    output_dir = tmp_path / "run"
+    argv = [*ODD_SPLIT_RUN, "--data_dir", str(data_dir), "--output_dir", str(output_dir)]
+    with caplog.at_level(logging.WARNING, logger="mnist.data"):
+        assert main(argv) == 0
+    assert "30 of the 30 test digits are also training digits" in caplog.text
+    assert "on 30 digits (30 of them also training digits)" in capsys.readouterr().out
+    metrics = json.loads((output_dir / MNIST_METRICS_FILE).read_text())
+    assert metrics["num_test_in_train"] == metrics["num_test"] == 30
+
+
+def test_distinct_test_digits_are_not_counted_as_training_digits():
+    images = np.arange(3 * 784, dtype=np.uint8).reshape(3, 28, 28)
+    assert count_shared_images(images[:2], images[2:]) == 0
+    assert count_shared_images(images, images[1:]) == 2
 
 
 # ---------------------------------------------------------------- a quiet log
