@@ -5,10 +5,14 @@ import logging
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from pretrain_runs import REPO_ROOT
@@ -484,3 +488,86 @@ def test_bad_settings_are_refused_when_the_arguments_are_made(tiny_tokenizer_dir
         with pytest.raises(InputError, match=message):
             data_args_for(tiny_tokenizer_dir, tmp_path, **overrides)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied", "ids_overwritten"])
+def test_a_damaged_cache_is_found_and_built_again(
+    corpus_args, tiny_tokenizer_dir, tmp_path, damage
+):
+    data_args = data_args_for(tiny_tokenizer_dir, tmp_path / "cache")
+    folder = prepare_blocks(corpus_args, data_args)
+    good = block_array(load_blocks(folder)["train"])
+    arrow = next((folder / "train").glob("*.arrow"))
+    data = arrow.read_bytes()
+    if damage == "truncated":
+        arrow.write_bytes(data[: len(data) // 2])
+    elif damage == "emptied":
+        arrow.write_bytes(b"")
+    else:  # in-range token ids over real ones: the file still loads, with the wrong blocks
+        middle = len(data) // 2
+        arrow.write_bytes(data[:middle] + bytes(8) + data[middle + 8 :])
+    assert prepare_blocks(corpus_args, data_args) == folder
+    assert np.array_equal(block_array(load_blocks(folder)["train"]), good)
+
+
+def test_two_builds_of_one_cache_at_once_give_one_cache(corpus_args, tiny_tokenizer_dir, tmp_path):
+    """Two processes prepare the same blocks at the same time: one builds, the other waits for
+    it and reuses its cache; both print the same folder."""
+    argv = ["--corpus", *corpus_args.corpus, "--tokenizer_dir", str(tiny_tokenizer_dir),
+            "--cache_dir", str(tmp_path / "cache"), "--block_size", str(BLOCK_SIZE)]  # fmt: skip
+    command = [sys.executable, "-m", "pretrain.blocks.prepare", *argv]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    processes = [
+        subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    folders = {out.strip() for out, _ in outputs}
+    assert len(folders) == 1
+    logs = "".join(err for _, err in outputs)
+    assert logs.count("packed blocks saved in") == 1 and logs.count("reusing packed blocks") == 1
+    assert [
+        path.name for path in (tmp_path / "cache").iterdir() if not path.name.startswith(".")
+    ] == [Path(folders.pop()).name]
+
+
+@pytest.mark.slow
+def test_sigterm_while_preparing_ends_the_worker_processes_too(tiny_tokenizer_dir, tmp_path):
+    """`--num_proc 2` tokenizes in worker processes; a SIGTERM to the command (a cancelled
+    job) must end them with it, and leave no cache behind."""
+    documents = (tmp_path / "corpus.txt").open("w", encoding="utf-8")
+    with documents:  # enough text for tokenizing to last a while
+        for index in range(60_000):
+            documents.write(f"Document {index} describes result {index % 97} of study {index}.\n")
+    cache_dir = tmp_path / "cache"
+    argv = ["--corpus", str(tmp_path / "corpus.txt"), "--tokenizer_dir", str(tiny_tokenizer_dir),
+            "--cache_dir", str(cache_dir), "--num_proc", "2",
+            "--map_batch_size", "100"]  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pretrain.blocks.prepare", *argv],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    parent = psutil.Process(process.pid)
+    deadline = time.monotonic() + 120
+    while len(parent.children(recursive=True)) < 2:
+        assert process.poll() is None and time.monotonic() < deadline, "no workers started"
+        time.sleep(0.05)
+    workers = parent.children(recursive=True)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert "stopped by SIGTERM while preparing blocks; nothing was kept" in stderr
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == []
+    # Nothing kept, not even the unfinished folder: at most the lock file the kernel released.
+    assert [path.name for path in cache_dir.iterdir() if not path.name.endswith(".lock")] == []

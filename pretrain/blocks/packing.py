@@ -33,8 +33,10 @@ The cache folder's name is a hash of the corpus fingerprint, the tokenizer files
 block size, the split and budget settings and `PIPELINE_VERSION`; the folder is written under a
 temporary name and renamed when complete, so a build that was interrupted is never reused.
 `stats.json` inside it records the counts (documents, tokens, bytes per split), the dropped
-remainders and the unigram entropy of the training stream in nats (the loss of the best model
-that ignores context).
+remainders, the unigram entropy of the training stream in nats (the loss of the best model
+that ignores context) and, last, the size and checksum of every other file: each reuse checks
+them, and a damaged cache (a truncated or overwritten file) is built again. One process builds
+a given cache at a time (a lock beside it); the others wait and reuse it.
 
 For training, `collate_blocks` makes Trainer's batches and `BlockSchedule` counts the optimizer
 steps of one pass over the training blocks and the tokens seen after each.
@@ -47,14 +49,20 @@ import hashlib
 import json
 import logging
 import math
+import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
+import psutil
 import pyarrow as pa
 
 from common.cli import InputError
@@ -65,7 +73,7 @@ from common.corpus import (
     document_hashes,
     iter_documents,
 )
-from common.files import atomic_dir, write_json_atomic
+from common.files import atomic_dir, damage_in, exclusive_lock, file_digests, write_json_atomic
 from common.run_contract import DOCUMENT_SPLIT_FILE
 from common.system import library_versions
 from common.tokenization import check_tokenizer_dir, load_tokenizer, tokenize_documents
@@ -77,7 +85,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Bump when the blocks made from the same inputs change, so older caches are not reused.
-PIPELINE_VERSION = 3
+PIPELINE_VERSION = 4
 STATS_FILE = "stats.json"
 CACHE_FOLDER_PREFIX = "blocks"
 SPLITS = ("train", "validation")
@@ -111,14 +119,40 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
     tokenizer_digest = tokenizer_files_digest(data_args.tokenizer_dir)
     key = cache_key(fingerprint, tokenizer_digest, data_args)
     folder = cache_root / f"{CACHE_FOLDER_PREFIX}-{data_args.block_size}-{key}"
-    if (folder / STATS_FILE).is_file():
-        logger.info("reusing packed blocks in %s", folder)
-        return folder
-    if folder.exists():
-        raise InputError(
-            f"cache folder {folder} exists but has no {STATS_FILE} (not written by this "
-            "program); delete it and run again"
-        )
+    # One process builds a cache folder at a time; the others wait, then reuse it.
+    with exclusive_lock(cache_root / f".{folder.name}.lock", wait=True):
+        if (folder / STATS_FILE).is_file():
+            damage = cache_damage(folder)
+            if damage is None:
+                logger.info("reusing packed blocks in %s", folder)
+                return folder
+            logger.warning(
+                "packed blocks in %s are damaged (%s): building them again", folder, damage
+            )
+            shutil.rmtree(folder)
+        elif folder.exists():
+            raise InputError(
+                f"cache folder {folder} exists but has no {STATS_FILE} (not written by this "
+                "program); delete it and run again"
+            )
+        context = {
+            "cache_key": key,
+            "corpus_fingerprint": fingerprint,
+            "tokenizer_files_sha256": tokenizer_digest,
+        }
+        build_cache(folder, corpus_args, data_args, tokenizer, context)
+    return folder
+
+
+def build_cache(
+    folder: Path,
+    corpus_args: CorpusArguments,
+    data_args: DataArguments,
+    tokenizer,
+    context: dict[str, Any],
+) -> None:
+    """Build the cache into a temporary folder and rename it to `folder` when complete."""
+    cache_root = folder.parent
     unfinished = sorted(cache_root.glob(f".{CACHE_FOLDER_PREFIX}-*.tmp-*"))
     if unfinished:
         logger.warning(
@@ -127,17 +161,56 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
             len(unfinished),
             ", ".join(path.name for path in unfinished),
         )
-    context = {
-        "cache_key": key,
-        "corpus_fingerprint": fingerprint,
-        "tokenizer_files_sha256": tokenizer_digest,
-    }
     if tokenizer is None:
         tokenizer = load_tokenizer(data_args.tokenizer_dir)
-    with atomic_dir(folder) as tmp_dir:
+    with atomic_dir(folder) as tmp_dir, stop_at_once_on_termination(tmp_dir):
         build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
     logger.info("packed blocks saved in %s", folder)
-    return folder
+
+
+def cache_damage(folder: Path) -> str | None:
+    """Why a cache folder no longer holds what was written into it, or None when it does."""
+    try:
+        recorded = read_stats(folder)["files"]
+    except (ValueError, KeyError):
+        return f"{STATS_FILE} is unreadable"
+    return damage_in(folder, recorded)
+
+
+@contextmanager
+def stop_at_once_on_termination(unfinished_dir: Path) -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGUSR1 (Slurm's warning before the time limit) stop
+    the process at once with exit code 128 + signal, its child processes (`datasets`' workers
+    and the manager process it starts) ended first and `unfinished_dir` removed.
+
+    An exception raised from the handler is not enough: the worker pool's shutdown can swallow
+    it, replace it with its own traceback, or keep the exit waiting for its manager forever.
+    The children are killed last and the process exits right after, so that the pool has no
+    time to start replacements; a forked worker that inherited this handler does the same.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame) -> None:
+        if os.getpid() == main_pid:
+            logger.warning(
+                "stopped by %s while preparing blocks; nothing was kept",
+                signal.Signals(signum).name,
+            )
+            shutil.rmtree(unfinished_dir, ignore_errors=True)
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+        os._exit(128 + signum)
+
+    main_pid = os.getpid()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
@@ -305,6 +378,8 @@ def build_blocks(
         "seconds": {name: round(value, 3) for name, value in seconds.items()},
         "versions": library_versions(),
     }
+    # Recorded last, over every file but this one: a reuse checks that they are still whole.
+    stats["files"] = file_digests(folder)
     write_json_atomic(folder / STATS_FILE, stats)
     logger.info(
         "%s documents, %s tokens: %s training blocks (%s dropped tokens), %s validation blocks; "
