@@ -13,6 +13,10 @@ from __future__ import annotations
 GPT_SUMMARY_FILE = "run_summary.json"  # written last by pretrain/run.py: the run finished
 MNIST_METRICS_FILE = "metrics.json"  # written last by both LeNet-5 trainers
 FINAL_MODEL_DIR = "final"  # model + tokenizer, loadable with AutoModelForCausalLM
+# Written last into every checkpoint-<step>/ (pretrain/checkpoints.py): each file's size and
+# checksum and the run's identity. A checkpoint without it, or whose files no longer match it,
+# is incomplete.
+CHECKPOINT_MANIFEST_FILE = "checkpoint_manifest.json"
 MNIST_MODEL_FILE = "model.pt"
 NVIDIA_SMI_FILE = "nvidia-smi.txt"  # `nvidia-smi` output halfway through training, with a GPU only
 TENSORBOARD_DIR = "tensorboard"
@@ -21,7 +25,7 @@ TENSORBOARD_DIR = "tensorboard"
 DOCUMENT_SPLIT_FILE = "document_split.json"
 
 # run_summary.json carries its version; readers note a summary of another version.
-GPT_SUMMARY_VERSION = 1
+GPT_SUMMARY_VERSION = 2
 
 GPT_REQUIRED_KEYS = (
     "summary_version",
@@ -33,7 +37,7 @@ GPT_REQUIRED_KEYS = (
     "final_loss",
     "final_loss_window",
     "loss_threshold",
-    "loss_below_threshold",
+    "verdict",
     "eval_loss",
     "perplexity",
     "bits_per_byte",

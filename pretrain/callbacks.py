@@ -8,6 +8,7 @@ logging steps), so they add no stall to the steps in between.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -21,7 +22,7 @@ from transformers.integrations import TensorBoardCallback
 
 from common.run_contract import MFU, TOKENS_PER_SECOND
 from pretrain.batches import BlockSchedule
-from pretrain.footprint import gather_footprints, rank_footprint
+from pretrain.footprint import gather_footprints, local_tensor, rank_footprint
 from pretrain.gpu import GpuReadings, write_nvidia_smi_snapshot
 from pretrain.model import model_flops_utilization
 
@@ -115,6 +116,62 @@ class ThroughputCallback(TrainerCallback):
 
     def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         self.clock.stop()
+
+
+def divergence(readings: dict[str, float | None]) -> str | None:
+    """The readings that are NaN or infinite ("loss nan, grad_norm inf"), or None."""
+    bad = [
+        f"{name} {value}"
+        for name, value in readings.items()
+        if value is not None and not math.isfinite(value)
+    ]
+    return ", ".join(bad) or None
+
+
+class DivergenceCallback(TrainerCallback):
+    """Stop a run whose loss or gradient norm became NaN or infinite, at the logging step that
+    shows it, and save no checkpoint of the broken weights.
+
+    Both readings are the same on every process (the loss is averaged over them, the gradient
+    norm is the whole model's), so all stop at the same step. Under fp16 loss scaling an
+    infinite gradient is a skipped step, not a divergence: only the loss counts there.
+    """
+
+    def __init__(self) -> None:
+        self.diverged_at_step: int | None = None
+        self.reading: str | None = None
+
+    def on_log(self, args, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
+        if not logs or self.diverged_at_step is not None:
+            return
+        readings = {"loss": logs.get("loss")}
+        if not args.fp16:
+            readings["grad_norm"] = logs.get("grad_norm")
+        reading = divergence(readings)
+        if reading is None:
+            return
+        self.diverged_at_step, self.reading = state.global_step, reading
+        logger.error("training diverged at step %d (%s): stopping", state.global_step, reading)
+        control.should_training_stop = True
+        control.should_save = False
+
+    def on_train_end(
+        self, args, state: TrainerState, control: TrainerControl, model=None, **kwargs
+    ):
+        # The logs can miss it (NaN steps logged as 0 by --logging_nan_inf_filter, a skipped
+        # fp16 step): the weights cannot.
+        if self.diverged_at_step is None and not weights_are_finite(model, args.device):
+            self.diverged_at_step, self.reading = state.global_step, "weights nan or inf"
+            logger.error("the weights are not finite after step %d", state.global_step)
+
+
+def weights_are_finite(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether every parameter (this process's shard of it) is finite, on all processes."""
+    finite = all(torch.isfinite(local_tensor(p)).all() for p in model.parameters())
+    flag = torch.tensor([int(finite)], device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 class FootprintCallback(TrainerCallback):

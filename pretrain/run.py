@@ -26,7 +26,7 @@ import transformers
 from accelerate.utils import gather_object
 from transformers import GPT2Config, PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
 
-from common.cli import InputError, entry_point, parse_args
+from common.cli import InputError, RunFailed, entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.files import write_json_atomic
 from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, NVIDIA_SMI_FILE, TENSORBOARD_DIR
@@ -37,13 +37,25 @@ from pretrain.blocks.args import DataArguments
 from pretrain.blocks.packing import copy_document_split, load_blocks, prepare_blocks, read_stats
 from pretrain.callbacks import (
     CheckpointOnSignalCallback,
+    DivergenceCallback,
     FootprintCallback,
     LoopClock,
     ThroughputCallback,
     continue_tensorboard_log,
     find_tensorboard_callback,
 )
-from pretrain.checkpoints import checkpoint_global_step, resolve_resume_checkpoint, save_final_model
+from pretrain.checkpoints import (
+    RESUME_AUTO,
+    CheckpointManifestCallback,
+    check_same_run,
+    checkpoint_global_step,
+    failed_saves_in_one_line,
+    finished_run_summary,
+    hold_run_folder,
+    resolve_resume_checkpoint,
+    run_identity,
+    save_final_model,
+)
 from pretrain.gpu import job_peak_flops_per_second
 from pretrain.library_fixes import (
     apply_library_fixes,
@@ -84,6 +96,7 @@ class RunPlan:
     schedule: BlockSchedule
     resume_checkpoint: Path | None
     resumed_from_step: int
+    identity: dict[str, Any]  # what a checkpoint of this run records (pretrain/checkpoints.py)
     request: Request
 
 
@@ -95,21 +108,45 @@ class TrainerSetup:
     clock: LoopClock
     footprint: FootprintCallback
     stop_on_signal: CheckpointOnSignalCallback
+    divergence: DivergenceCallback
     run: RunSetup
 
 
 def pretrain(args: PretrainArguments, launched_at: float) -> int:
-    """Check the inputs and plan the run, build the trainer, train, summarise; the exit code."""
-    plan = plan_run(args)
-    setup = build_trainer(args, plan)
-    stopped_by = train(setup, plan)
-    if stopped_by is not None:
-        return 128 + int(stopped_by)
-    summary = run_summary(setup.run, measure(setup, plan), launched_at)
-    if setup.trainer.is_world_process_zero():
-        output_dir = Path(args.training.output_dir)
-        write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
-        print(f"{headline(summary)}; run folder {output_dir}")
+    """Check the inputs and plan the run, build the trainer, train, summarise; the exit code.
+
+    The run holds its folder for its lifetime; a failed save is one line (RunFailed), and so
+    is a run that diverged, after its summary is written.
+    """
+    training_args = args.training
+    output_dir = Path(training_args.output_dir)
+    finished = finished_run_summary(output_dir)
+    if finished is not None and training_args.resume_from_checkpoint == RESUME_AUTO:
+        if training_args.process_index == 0:
+            print(f"run folder {output_dir} holds a finished run ({headline(finished)}); "
+                  "nothing to do")  # fmt: skip
+        return 0
+    with hold_run_folder(output_dir, training_args):
+        plan = plan_run(args)
+        setup = build_trainer(args, plan)
+        is_main = setup.trainer.is_world_process_zero()
+        # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
+        checkpoint_bytes = 12 * setup.run.num_parameters
+        with failed_saves_in_one_line(output_dir, checkpoint_bytes, is_main):
+            stopped_by = train(setup, plan)
+            if stopped_by is not None:
+                return 128 + int(stopped_by)
+            summary = run_summary(setup.run, measure(setup, plan), launched_at)
+            if is_main:
+                write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
+                print(f"{headline(summary)}; run folder {output_dir}")
+    if summary["diverged"]:
+        raise RunFailed(
+            f"training diverged at step {summary['diverged_at_step']} "
+            f"({summary['divergence']}) and stopped; {output_dir}/{GPT_SUMMARY_FILE} records the "
+            "run as diverged, with no final/ model; lower --learning_rate or lengthen "
+            "--warmup_steps, and start a new run"
+        )
     return 0
 
 
@@ -128,7 +165,7 @@ def plan_run(args: PretrainArguments) -> RunPlan:
         resume_checkpoint = resolve_resume_checkpoint(
             training_args.output_dir,
             training_args.resume_from_checkpoint,
-            remove_incomplete=training_args.should_save,
+            remove_unusable=training_args.should_save,
         )
     # The main process builds the cache; the others then find it ready (shared filesystem).
     with training_args.main_process_first(local=False, desc="preparing packed blocks"):
@@ -138,6 +175,10 @@ def plan_run(args: PretrainArguments) -> RunPlan:
         len(blocks["train"]), batch_blocks, data_args.block_size, training_args.max_steps
     )
     training_args.max_steps = schedule.max_steps
+    data = {"cache_dir": str(cache_dir), **read_stats(cache_dir)}
+    identity = run_identity(training_args, data, model_config, schedule)
+    if resume_checkpoint is not None:
+        check_same_run(resume_checkpoint, identity)
     logger.info(
         "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
         f"{schedule.num_train_blocks:,}",
@@ -151,10 +192,11 @@ def plan_run(args: PretrainArguments) -> RunPlan:
         model_config=model_config,
         precision=precision,
         blocks=blocks,
-        data={"cache_dir": str(cache_dir), **read_stats(cache_dir)},
+        data=data,
         schedule=schedule,
         resume_checkpoint=resume_checkpoint,
         resumed_from_step=checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
+        identity=identity,
         request=request,
     )
 
@@ -189,6 +231,7 @@ def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
     if "tensorboard" not in training_args.report_to:
         training_args.report_to = [*training_args.report_to, "tensorboard"]
     stop_on_signal = CheckpointOnSignalCallback()
+    divergence = DivergenceCallback()
     apply_library_fixes()
     with trainer_creation_environment(tensorboard_dir, args.model.compile_regions):
         trainer = Trainer(
@@ -198,7 +241,7 @@ def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
             eval_dataset=plan.blocks["validation"] if len(plan.blocks["validation"]) else None,
             data_collator=collate_blocks,
             processing_class=plan.tokenizer,
-            callbacks=[stop_on_signal],
+            callbacks=[stop_on_signal, divergence, CheckpointManifestCallback(plan.identity)],
         )
     # From here accelerate has set up the processes, devices and precision it will train with.
     accelerator_state = str(trainer.accelerator.state)
@@ -249,11 +292,12 @@ def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
     trainer.add_callback(ThroughputCallback(tensorboard, clock))
     footprint = FootprintCallback()
     trainer.add_callback(footprint)
-    return TrainerSetup(trainer, clock, footprint, stop_on_signal, run)
+    return TrainerSetup(trainer, clock, footprint, stop_on_signal, divergence, run)
 
 
 def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
-    """Train to the end and save `final/`; or the signal that stopped training at a checkpoint."""
+    """Train to the end and save `final/` (not for a run that diverged); or the signal that
+    stopped training at a checkpoint."""
     trainer = setup.trainer
     resume = plan.resume_checkpoint
     if trainer.is_world_process_zero():
@@ -269,14 +313,18 @@ def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
             plan.schedule.max_steps,
         )
         return stop.received
-    save_final_model(trainer, Path(trainer.args.output_dir) / FINAL_MODEL_DIR)
+    if setup.divergence.diverged_at_step is None:
+        save_final_model(trainer, Path(trainer.args.output_dir) / FINAL_MODEL_DIR)
     return None
 
 
 def measure(setup: TrainerSetup, plan: RunPlan) -> LoopResult:
-    """Evaluate once, then collect what the loop measured."""
+    """Evaluate once (unless the run diverged), then collect what the loop measured."""
     trainer = setup.trainer
-    eval_loss = trainer.evaluate()["eval_loss"] if trainer.eval_dataset is not None else None
+    divergence = setup.divergence
+    eval_loss = None
+    if trainer.eval_dataset is not None and divergence.diverged_at_step is None:
+        eval_loss = trainer.evaluate()["eval_loss"]
     return LoopResult(
         start_step=plan.resumed_from_step,
         global_step=trainer.state.global_step,
@@ -286,6 +334,8 @@ def measure(setup: TrainerSetup, plan: RunPlan) -> LoopResult:
         first_step_seconds=setup.clock.first_step_seconds,
         ranks=setup.footprint.ranks,
         replica_checksums=replica_checksums(trainer),
+        diverged_at_step=divergence.diverged_at_step,
+        divergence=divergence.reading,
     )
 
 

@@ -57,6 +57,10 @@ class LoopResult:
     replica_checksums: list[str] | None  # one per process; None when parameters are sharded
     # What a strategy verifies about itself (the pipeline: its two copies of the tied weight).
     checks: dict[str, float] = field(default_factory=dict)
+    # The step at which the loss, the gradient or the weights became NaN or infinite, and what
+    # was seen there ("loss nan"); None for a run that stayed finite.
+    diverged_at_step: int | None = None
+    divergence: str | None = None
 
 
 def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict[str, Any]:
@@ -68,7 +72,11 @@ def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict
     tokens_per_second = (
         session_tokens / result.loop_seconds if result.loop_seconds and session_tokens else None
     )
+    diverged = result.diverged_at_step is not None
     final_loss, window = final_training_loss(result.logged_losses, setup.final_loss_window)
+    if diverged:
+        final_loss = None  # the logged losses of a diverged run are NaN, or hide it as 0
+    passed = final_loss is not None and final_loss < setup.loss_threshold
     peak_memory = max(result.ranks, key=lambda rank: rank["peak_memory_bytes"])
     checksums = result.replica_checksums
     return {
@@ -89,7 +97,11 @@ def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict
         "final_loss": final_loss,
         "final_loss_window": window,
         "loss_threshold": setup.loss_threshold,
-        "loss_below_threshold": final_loss is not None and final_loss < setup.loss_threshold,
+        "loss_below_threshold": passed,
+        "verdict": "diverged" if diverged else "pass" if passed else "fail",
+        "diverged": diverged,
+        "diverged_at_step": result.diverged_at_step,
+        "divergence": result.divergence,
         "eval_loss": result.eval_loss,
         "perplexity": perplexity(result.eval_loss),
         "bits_per_byte": bits_per_byte(result.eval_loss, setup.data["splits"]["validation"]),
@@ -121,11 +133,16 @@ def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict
 
 def headline(summary: dict[str, Any]) -> str:
     """The result in one line: final loss against the threshold, eval loss, speed."""
+    if summary.get("diverged"):
+        return (
+            f"DIVERGED at step {summary['diverged_at_step']} ({summary['divergence']}): no "
+            f"final loss to hold against {summary['loss_threshold']:g}"
+        )
     verdict = "below" if summary["loss_below_threshold"] else "NOT below"
     return (
         f"final loss {_rounded(summary['final_loss'])} ({verdict} "
         f"{summary['loss_threshold']:g}), eval loss {_rounded(summary['eval_loss'])} "
-        f"({_rounded(summary['bits_per_byte'])} bits/byte), "
+        f"({_rounded(summary.get('bits_per_byte'))} bits/byte), "
         f"{summary['tokens_per_second'] or 0:,.0f} tokens/s"
     )
 

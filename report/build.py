@@ -73,12 +73,6 @@ def format_value(value: Any) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def format_pass_fail(value: Any) -> str:
-    if isinstance(value, bool):
-        return "pass" if value else "fail"
-    return format_value(value)
-
-
 def format_hardware(hardware: Any) -> str:
     """One line: the GPUs when there were any, else the CPU."""
     if not isinstance(hardware, dict):
@@ -112,7 +106,8 @@ GPT_ROWS = (
     Row("final loss (mean of the last logged steps)", "final_loss"),
     Row("logged steps in the final loss", "final_loss_window"),
     Row("loss threshold", "loss_threshold"),
-    Row("final loss below the threshold", "loss_below_threshold", format_pass_fail),
+    Row("verdict: pass (final loss below the threshold), fail, or diverged", "verdict"),
+    Row("diverged at step (loss, gradient or weights NaN or infinite)", "diverged_at_step"),
     Row("validation loss", "eval_loss"),
     Row("validation perplexity", "perplexity"),
     Row("validation bits per byte", "bits_per_byte"),
@@ -133,6 +128,7 @@ MNIST_ROWS = (
     Row("training digits", "num_train"),
     Row("validation digits", "num_val"),
     Row("test digits", "num_test"),
+    Row("test digits also in the training set", "num_test_in_train"),
     Row("data", "data_source"),
     Row("device", "device"),
     Row("hardware", "hardware", format_hardware),

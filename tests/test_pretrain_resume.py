@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import signal
 import subprocess
 import threading
@@ -20,8 +22,20 @@ from pretrain_runs import (
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.cli import InputError
-from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, TENSORBOARD_DIR, TRAIN_LOSS
-from pretrain.checkpoints import checkpoint_global_step, list_checkpoints, resolve_resume_checkpoint
+from common.files import file_digests
+from common.run_contract import (
+    CHECKPOINT_MANIFEST_FILE,
+    FINAL_MODEL_DIR,
+    GPT_SUMMARY_FILE,
+    TENSORBOARD_DIR,
+    TRAIN_LOSS,
+)
+from pretrain.checkpoints import (
+    checkpoint_damage,
+    checkpoint_global_step,
+    list_checkpoints,
+    resolve_resume_checkpoint,
+)
 from pretrain.run import main
 
 NUM_BLOCKS = 160  # 40 steps of 4 blocks
@@ -36,48 +50,64 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
 
 
 def make_checkpoint(output_dir, step, complete=True):
+    """A checkpoint folder as Trainer writes it; a complete one is sealed by its manifest, as
+    pretrain/run.py seals every checkpoint once all of it is written."""
     folder = output_dir / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_bytes(b"\0" * 16)
-    state = json.dumps({"global_step": step, "log_history": []})
-    # A save cut short leaves trainer_state.json (written last) missing or truncated.
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     if complete:
-        (folder / "trainer_state.json").write_text(state)
+        manifest = {"files": file_digests(folder), "run_identity": {}}
+        (folder / CHECKPOINT_MANIFEST_FILE).write_text(json.dumps(manifest))
     return folder
 
 
-def test_auto_resume_takes_the_newest_complete_checkpoint_and_drops_cut_short_ones(tmp_path):
+def test_auto_resume_takes_the_newest_whole_checkpoint_and_drops_newer_unusable_ones(tmp_path):
     make_checkpoint(tmp_path, 4)
     make_checkpoint(tmp_path, 8)
-    cut_short = make_checkpoint(tmp_path, 12, complete=False)
-    (cut_short / "trainer_state.json").write_text('{"global_st')
-    never_started = make_checkpoint(tmp_path, 16, complete=False)
+    damaged = make_checkpoint(tmp_path, 12)
+    (damaged / "model.safetensors").write_bytes(b"\0" * 8)  # truncated after it was sealed
+    never_sealed = make_checkpoint(tmp_path, 16, complete=False)  # a save cut short
 
-    chosen = resolve_resume_checkpoint(tmp_path, "auto", remove_incomplete=True)
+    chosen = resolve_resume_checkpoint(tmp_path, "auto", remove_unusable=True)
     assert chosen == tmp_path / "checkpoint-8"
-    assert not cut_short.exists() and not never_started.exists()
+    assert not damaged.exists() and not never_sealed.exists()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-8", "checkpoint-4"]
 
 
+def test_a_checkpoint_is_whole_only_while_every_file_matches_its_manifest(tmp_path):
+    checkpoint = make_checkpoint(tmp_path, 4)
+    assert checkpoint_damage(checkpoint) is None
+    (checkpoint / "model.safetensors").write_bytes(b"\1" * 16)  # same size, other bytes
+    assert "model.safetensors changed" in checkpoint_damage(checkpoint)
+    (checkpoint / "trainer_state.json").unlink()
+    assert checkpoint_damage(checkpoint) == "trainer_state.json is missing"
+    assert "cut short" in checkpoint_damage(make_checkpoint(tmp_path, 8, complete=False))
+
+
 def test_auto_resume_without_checkpoints_starts_fresh(tmp_path):
-    assert resolve_resume_checkpoint(tmp_path / "new", "auto", remove_incomplete=True) is None
+    assert resolve_resume_checkpoint(tmp_path / "new", "auto", remove_unusable=True) is None
     make_checkpoint(tmp_path, 3, complete=False)
-    assert resolve_resume_checkpoint(tmp_path, "auto", remove_incomplete=False) is None
+    assert resolve_resume_checkpoint(tmp_path, "auto", remove_unusable=False) is None
     assert (tmp_path / "checkpoint-3").exists()  # only the main process deletes
 
 
 def test_a_new_run_refuses_a_folder_with_checkpoints(tmp_path):
     make_checkpoint(tmp_path, 4)
     with pytest.raises(InputError, match="--resume_from_checkpoint auto"):
-        resolve_resume_checkpoint(tmp_path, None, remove_incomplete=True)
-    with pytest.raises(InputError, match="incomplete"):
+        resolve_resume_checkpoint(tmp_path, None, remove_unusable=True)
+    with pytest.raises(InputError, match="cannot be resumed from: no readable"):
         resolve_resume_checkpoint(tmp_path, str(make_checkpoint(tmp_path, 5, False)), True)
 
 
 def wait_for_complete_checkpoint(output_dir, process=None, min_step=1):
-    """Block until a checkpoint of `min_step` or later has a readable trainer_state.json."""
+    """Block until a checkpoint of `min_step` or later is sealed by its manifest."""
     while True:
-        steps = [checkpoint_global_step(p) or 0 for p in list_checkpoints(output_dir)]
+        steps = [
+            checkpoint_global_step(p) or 0
+            for p in list_checkpoints(output_dir)
+            if (p / CHECKPOINT_MANIFEST_FILE).is_file()
+        ]
         if steps and max(steps) >= min_step:
             return
         if process is not None and process.poll() is not None:
@@ -165,3 +195,87 @@ def test_resume_after_sigkill_continues_from_the_last_complete_checkpoint(data_p
     curve = [(event.step, event.value) for event in accumulator.Scalars(TRAIN_LOSS)]
     assert [step for step, _ in curve] == [step for step, _ in final_state_losses]
     assert [value for _, value in curve] == pytest.approx([loss for _, loss in final_state_losses])
+
+
+@pytest.fixture(scope="module")
+def run_with_checkpoints(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
+    """A finished tiny run that kept a checkpoint every SAVE_STEPS steps; tests copy it."""
+    data_paths = shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
+    output_dir = tmp_path_factory.mktemp("checkpointed") / "run"
+    argv = tiny_run_argv(
+        **data_paths, output_dir=output_dir, save_steps=SAVE_STEPS, save_total_limit=3
+    )
+    assert main(argv) == 0
+    return argv, output_dir
+
+
+def copy_of_run(run_with_checkpoints, tmp_path, drop_finish: bool):
+    """The run folder copied (and its argv pointed at the copy); without its summary and final
+    model when `drop_finish`, as if stopped after its last checkpoint."""
+    argv, output_dir = run_with_checkpoints
+    copy = tmp_path / "run"
+    shutil.copytree(output_dir, copy)
+    if drop_finish:
+        (copy / GPT_SUMMARY_FILE).unlink()
+        shutil.rmtree(copy / FINAL_MODEL_DIR)
+    return [str(copy) if part == str(output_dir) else part for part in map(str, argv)], copy
+
+
+def test_resuming_a_finished_run_changes_nothing_and_says_so(run_with_checkpoints, capsys):
+    argv, output_dir = run_with_checkpoints
+    before = {path: path.read_bytes() for path in output_dir.rglob("*") if path.is_file()}
+    assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
+    assert "holds a finished run (final loss" in capsys.readouterr().out
+    after = {path: path.read_bytes() for path in output_dir.rglob("*") if path.is_file()}
+    assert after == before
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"max_train_tokens": 96 * 64 * 2}, "max_train_tokens: 12288 now, 6144 in the checkpoint"),
+        ({"per_device_train_batch_size": 8}, "global_batch_blocks: 8 now, 4 in the checkpoint"),
+        ({"learning_rate": "1.0e-3"}, "learning_rate: 0.001 now, 0.003 in the checkpoint"),
+        ({"vocab_size": 640}, "vocab_size: 640 now, 512 in the checkpoint"),
+    ],
+)
+def test_resuming_with_other_settings_is_refused_naming_them(
+    run_with_checkpoints, tmp_path, capsys, changes, named
+):
+    argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=True)
+    flags = [item for name, value in changes.items() for item in (f"--{name}", str(value))]
+    assert main([*argv, *flags, "--resume_from_checkpoint", "auto"]) == 2
+    (error,) = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: checkpoint ") and "belongs to another run" in error
+    assert named in error
+
+
+def test_resuming_with_another_tokenizer_of_the_same_size_is_refused(
+    run_with_checkpoints, tiny_tokenizer_dir, tmp_path, capsys
+):
+    argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=True)
+    other = tmp_path / "other_tokenizer"
+    shutil.copytree(tiny_tokenizer_dir, other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 4096  # another tokenizer folder, the same 512 tokens
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    argv = [str(other) if part == str(tiny_tokenizer_dir) else part for part in argv]
+    assert main([*argv, "--resume_from_checkpoint", "auto"]) == 2
+    assert "tokenizer: " in capsys.readouterr().err
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_whole_one(
+    run_with_checkpoints, tmp_path, caplog
+):
+    argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=True)
+    newest, previous = list_checkpoints(output_dir)[:2]
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated by a crash or a full disk
+    with caplog.at_level(logging.WARNING, logger="pretrain.checkpoints"):
+        assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
+    assert f"skipping checkpoint {newest}: model.safetensors has 100 bytes" in caplog.text
+    assert read_summary(output_dir)["resumed_from_step"] == checkpoint_global_step(previous)
+    # A damaged checkpoint named explicitly is refused, not half-loaded.
+    (optimizer := list_checkpoints(output_dir)[-1] / "optimizer.pt").write_bytes(b"\0")
+    with pytest.raises(InputError, match="optimizer.pt has 1 bytes"):
+        resolve_resume_checkpoint(output_dir, str(optimizer.parent), remove_unusable=True)

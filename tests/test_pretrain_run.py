@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.cli import InputError
 from common.run_contract import (
+    CHECKPOINT_MANIFEST_FILE,
     DOCUMENT_SPLIT_FILE,
     EVAL_LOSS,
     FINAL_MODEL_DIR,
@@ -42,6 +45,7 @@ from common.run_contract import (
 )
 from pretrain import generate
 from pretrain.run import main, parse_pretrain_args
+from report.build import write_report
 
 NUM_BLOCKS = 96  # 24 steps of 4 blocks
 GPT2_CONFIG = TINY_CONFIG.with_name("gpt2_117m.yaml")
@@ -238,7 +242,7 @@ def test_unknown_config_key_is_rejected(tmp_path):
         ({"vocab_size": 256}, "vocab_size 256 is smaller than the tokenizer's 512 tokens"),
         ({"max_train_tokens": 100}, "less than one global batch of 256 tokens"),
         ({"corpus": "/no/such/corpus.txt"}, "/no/such/corpus.txt"),
-        ({"resume_from_checkpoint": "/no/checkpoint-3"}, "missing or incomplete"),
+        ({"resume_from_checkpoint": "/no/checkpoint-3"}, "cannot be resumed from: it does not"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(data_paths, tmp_path, capsys, flags, message):
@@ -262,3 +266,98 @@ def test_a_finished_run_folder_is_not_overwritten(data_paths, tiny_run, capsys):
     assert main(tiny_run_argv(**data_paths, output_dir=tiny_run)) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (tiny_run / GPT_SUMMARY_FILE).read_bytes() == summary_before
+
+
+# --- faults: a run that diverges, two runs at once, a full disk --------------------------------
+
+
+def strict_json(path):
+    """A JSON file as a strict parser reads it: NaN or Infinity is an error."""
+
+    def refuse(constant):
+        raise ValueError(f"{path} holds {constant}, which strict JSON does not")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_a_diverged_run_stops_fails_in_one_line_and_never_passes(data_paths, tmp_path, capsys):
+    output_dir = tmp_path / "run"
+    argv = tiny_run_argv(**data_paths, output_dir=output_dir, learning_rate="1000.0")
+    assert main(argv) == 3  # a failed run: neither success nor bad input
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: training diverged at step ")
+    summary = strict_json(output_dir / GPT_SUMMARY_FILE)
+    assert summary["verdict"] == "diverged" and summary["diverged"] is True
+    assert summary["loss_below_threshold"] is False and summary["final_loss"] is None
+    assert summary["global_step"] == summary["diverged_at_step"] < summary["max_steps"]  # early
+    assert "nan" in summary["divergence"] or "inf" in summary["divergence"]
+    assert not (output_dir / FINAL_MODEL_DIR).exists()
+    # The report says so too, never "pass".
+    report = write_report([output_dir], tmp_path / "report").read_text()
+    assert "| diverged |" in report and "| pass |" not in report
+
+
+@pytest.mark.slow
+def test_a_second_run_into_a_folder_in_use_is_refused_naming_the_first(data_paths, tmp_path):
+    """The first run is still training (far from its end) when the second starts; once the
+    second is refused, the first is stopped by SIGTERM and leaves its own checkpoint."""
+    output_dir = tmp_path / "run"
+    argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS * 100)
+    first = subprocess.Popen(
+        run_script_command(argv), env=subprocess_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        while not (output_dir / TENSORBOARD_DIR).exists():  # training has begun
+            assert first.poll() is None, first.communicate()[1][-2000:]
+            time.sleep(0.05)
+        second = subprocess.run(
+            run_script_command([*argv, "--learning_rate", "1.0e-3"]),
+            env=subprocess_env(), capture_output=True, text=True,
+        )  # fmt: skip
+        first.send_signal(signal.SIGTERM)
+        _, first_err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert second.returncode == 2
+    (error,) = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+    assert f"output folder {output_dir} is in use by another run (process {first.pid}" in error
+    assert first.returncode == 128 + signal.SIGTERM, first_err[-2000:]
+    # Everything in the folder is the first run's: its checkpoints, with its learning rate.
+    checkpoints = list(output_dir.glob("checkpoint-*"))
+    assert checkpoints
+    for checkpoint in checkpoints:
+        manifest = json.loads((checkpoint / CHECKPOINT_MANIFEST_FILE).read_text())
+        assert manifest["run_identity"]["learning_rate"] == pytest.approx(3.0e-3)
+
+
+@pytest.mark.system
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_full_disk_while_saving_is_one_line_and_leaves_no_checkpoint_looking_whole(
+    data_paths, tmp_path
+):
+    """The run folder on a real 1 MiB tmpfs: the logs fit, the first checkpoint does not."""
+    mount_point = tmp_path / "small_disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        output_dir = mount_point / "run"
+        argv = tiny_run_argv(**data_paths, output_dir=output_dir, save_steps=4)
+        finished = subprocess.run(
+            run_script_command(argv), env=subprocess_env(), capture_output=True, text=True
+        )
+        assert finished.returncode == 3, finished.stderr[-3000:]
+        errors = [line for line in finished.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in finished.stderr
+        assert f"cannot save in {output_dir}: no space left on device" in errors[0]
+        assert list(output_dir.glob("checkpoint-*")) == []  # the unfinished one was removed
+        assert not (output_dir / FINAL_MODEL_DIR).exists()
+        assert not (output_dir / GPT_SUMMARY_FILE).exists()
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)

@@ -103,3 +103,18 @@ def test_final_loss_is_the_mean_of_the_last_logged_losses():
     assert final_training_loss([6.0, 4.0, 2.0], window=2) == (3.0, 2)
     assert final_training_loss([6.0, 4.0, 2.0], window=10) == (4.0, 3)
     assert final_training_loss([], window=5) == (None, 0)
+
+
+def test_a_diverged_run_has_no_final_loss_and_never_passes():
+    summary = run_summary(
+        SETUP, result(logged_losses=[0.0, 0.0], diverged_at_step=6, divergence="grad_norm nan"),
+        time.time(),
+    )  # fmt: skip
+    assert summary["verdict"] == "diverged" and summary["diverged_at_step"] == 6
+    # Trainer logs a window of NaN losses as 0 (--logging_nan_inf_filter): never a pass.
+    assert summary["final_loss"] is None and summary["loss_below_threshold"] is False
+    assert headline(summary) == (
+        "DIVERGED at step 6 (grad_norm nan): no final loss to hold against 7"
+    )
+    assert run_summary(SETUP, result(), time.time())["verdict"] == "pass"
+    assert run_summary(SETUP, result(logged_losses=[8.0]), time.time())["verdict"] == "fail"

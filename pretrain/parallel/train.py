@@ -48,7 +48,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.tensorboard import SummaryWriter
 from transformers import GPT2LMHeadModel, Trainer, TrainingArguments, get_scheduler, set_seed
 
-from common.cli import InputError, entry_point, parse_args
+from common.cli import InputError, RunFailed, entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.files import write_json_atomic
 from common.run_contract import (
@@ -65,7 +65,8 @@ from pretrain.args import ModelArguments, ReportArguments, resolved_options
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.args import DataArguments
 from pretrain.blocks.packing import copy_document_split, load_blocks, prepare_blocks, read_stats
-from pretrain.callbacks import LoopClock
+from pretrain.callbacks import LoopClock, divergence
+from pretrain.checkpoints import hold_run_folder
 from pretrain.footprint import gather_footprints, rank_footprint
 from pretrain.gpu import job_peak_flops_per_second
 from pretrain.model import build_model, count_parameters, flops_per_token
@@ -161,9 +162,12 @@ class LocalModel:
 
 @dataclass
 class StepLog:
-    """What the loop logged, on the loss rank: each logging window's mean loss."""
+    """What the loop logged: each logging window's mean loss (on the loss rank), and the step
+    whose gradient norm was NaN or infinite, where it stopped (on every rank)."""
 
     logged_losses: list[float] = field(default_factory=list)
+    diverged_at_step: int | None = None
+    divergence: str | None = None
 
 
 def check_launch(strategy: str, training_args: TrainingArguments) -> None:
@@ -318,6 +322,12 @@ def train_steps(
         if loss is not None:
             window_losses.append(loss)
         clock.step_done()
+        # The whole model's norm, the same on every process: all stop at the same step.
+        log.divergence = divergence({"grad_norm": grad_norm.item()})
+        if log.divergence is not None:
+            log.diverged_at_step = step
+            logger.error("training diverged at step %d (%s): stopping", step, log.divergence)
+            break
         if not (step % log_every == 0 or (step == 1 and training_args.logging_first_step)):
             continue
         scalars = clock.window(step)  # after the device's work: the loss is read below
@@ -480,7 +490,7 @@ def train_model_parallel(
         local, optimizer, scheduler, batches, schedule.max_steps, training_args, clock, writer
     )
     ranks = gather_footprints(rank_footprint(local.module, optimizer, device))
-    eval_loss = evaluate(local, blocks["validation"], device)
+    eval_loss = None if log.diverged_at_step else evaluate(local, blocks["validation"], device)
     if writer is not None:
         if eval_loss is not None:
             writer.add_scalar(EVAL_LOSS, eval_loss, schedule.max_steps)
@@ -490,7 +500,7 @@ def train_model_parallel(
     )
     result = LoopResult(
         start_step=0,
-        global_step=schedule.max_steps,
+        global_step=log.diverged_at_step or schedule.max_steps,
         logged_losses=logged_losses,
         eval_loss=eval_loss,
         loop_seconds=clock.loop_seconds,
@@ -498,6 +508,8 @@ def train_model_parallel(
         ranks=ranks,
         replica_checksums=None if local.is_sharded else [parameter_checksum(local.module)],
         checks={} if tied_difference is None else {"tied_weight_max_difference": tied_difference},
+        diverged_at_step=log.diverged_at_step,
+        divergence=log.divergence,
     )
     return run_summary(run, result, launched_at)
 
@@ -509,15 +521,21 @@ def main(argv: list[str] | None = None) -> int:
         ARGUMENT_TYPES, argv, description=__doc__, prog="python -m pretrain.parallel.train"
     )
     training_args = arguments[-1]
-    summary = train_model_parallel(*arguments, launched_at=launched_at)
-    if training_args.process_index == 0:
-        output_dir = Path(training_args.output_dir)
-        write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
-        print(f"{headline(summary)}; run folder {output_dir}")
+    output_dir = Path(training_args.output_dir)
+    with hold_run_folder(output_dir, training_args):
+        summary = train_model_parallel(*arguments, launched_at=launched_at)
+        if training_args.process_index == 0:
+            write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
+            print(f"{headline(summary)}; run folder {output_dir}")
     if dist.is_initialized():
         # Without the barrier, gloo sometimes aborts at exit while a peer is still shutting down.
         dist.barrier()
         dist.destroy_process_group()
+    if summary["diverged"]:
+        raise RunFailed(
+            f"training diverged at step {summary['diverged_at_step']} ({summary['divergence']}) "
+            f"and stopped; {output_dir}/{GPT_SUMMARY_FILE} records the run as diverged"
+        )
     return 0
 
 

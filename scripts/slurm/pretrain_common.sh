@@ -93,12 +93,14 @@ checkpoint_and_requeue() {
     exit 0
 }
 
-# The run folder's checkpoint with the highest step (empty when there is none).
+# The run folder's sealed checkpoint (its manifest, written last, is there) with the highest
+# step; empty when there is none.
 newest_checkpoint() {
     local checkpoint step newest="" newest_step=-1
     for checkpoint in "$OUTPUT_DIR"/checkpoint-*; do
         step="${checkpoint##*-}"
-        if [[ -d "$checkpoint" && "$step" =~ ^[0-9]+$ ]] && ((step > newest_step)); then
+        if [[ -f "$checkpoint/checkpoint_manifest.json" && "$step" =~ ^[0-9]+$ ]] &&
+            ((step > newest_step)); then
             newest="$checkpoint" newest_step="$step"
         fi
     done
