@@ -42,6 +42,7 @@ from common.files import (
 )
 from common.run_contract import CHECKPOINT_MANIFEST_FILE, FINAL_MODEL_DIR, GPT_SUMMARY_FILE
 from pretrain.batches import BlockSchedule
+from pretrain.strategy import from_rank
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ def hold_run_folder(output_dir: Path, training_args: TrainingArguments) -> Itera
                 )
             except OSError as err:
                 refusal = f"cannot write to output folder {output_dir}: {err.strerror}"
-        refusal = main_process_verdict(refusal)
+        refusal = from_rank(0, refusal)
         if refusal is not None:
             raise InputError(refusal)
         try:
@@ -258,15 +259,6 @@ def hold_run_folder(output_dir: Path, training_args: TrainingArguments) -> Itera
             if created and {path.name for path in output_dir.iterdir()} <= {LOCK_FILE}:
                 shutil.rmtree(output_dir, ignore_errors=True)
             raise
-
-
-def main_process_verdict(verdict: str | None) -> str | None:
-    """The main process's `verdict`, on every process (a collective when there are several)."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return verdict
-    box = [verdict]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 @contextmanager

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from transformers import TrainingArguments
@@ -166,3 +168,12 @@ def check_zero3_saves_a_model(deepspeed_config: dict) -> None:
             "cannot load; set zero3_save_16bit_model: true under deepspeed_config in the "
             "accelerate config (as accelerate_configs/cpu_deepspeed_zero3.yaml does)"
         )
+
+
+def from_rank(source_rank: int, value: Any) -> Any:
+    """`value` as held by `source_rank`, on every process (a collective: all call it)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=source_rank)
+    return box[0]

@@ -76,7 +76,7 @@ from pretrain.parallel.pipeline import (
     check_pipeline_arguments,
 )
 from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
-from pretrain.strategy import Strategy, check_processes_joined
+from pretrain.strategy import Strategy, check_processes_joined, from_rank
 from pretrain.summary import (
     LoopResult,
     RunSetup,
@@ -379,15 +379,6 @@ def evaluate(local: LocalModel, blocks: datasets.Dataset, device: torch.device) 
     if losses[0] is None:
         return None
     return torch.cat(losses).mean().item()
-
-
-def from_rank(source_rank: int, value: Any) -> Any:
-    """`value` as held by `source_rank`, on every process (a collective: all call it)."""
-    if not dist.is_initialized():
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=source_rank)
-    return box[0]
 
 
 def train_model_parallel(
