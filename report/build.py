@@ -22,7 +22,14 @@ from typing import Any
 from common import run_contract as contract
 from common.cli import InputError
 from common.files import atomic_dir
-from report.plots import Curve, Panel, plot_confusion_matrix, plot_images, plot_panels
+from report.plots import (
+    Curve,
+    Panel,
+    plot_confusion_matrix,
+    plot_images,
+    plot_panels,
+    plot_probe_curves,
+)
 from report.run_folder import (
     COMPARISON_KIND,
     GPT_KIND,
@@ -352,6 +359,12 @@ def no_mfu_lines(runs: Sequence[RunRecord]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+PROBE_CURVE_FIGURE = "gpt_probe_curve.png"
+PROBE_CURVE_CAPTION = (
+    "When the representation starts to know the classes: the linear probe's test accuracy on "
+    "the frozen network at step 0, at each saved checkpoint and at the end (right), beside the "
+    "training loss (left), both against pretraining tokens"
+)
 PROBE_COLUMNS = (
     ("test accuracy", "accuracy"),
     ("macro-F1", "macro_f1"),
@@ -387,6 +400,9 @@ def probe_section(run: RunRecord, out_dir: Path) -> list[str]:
             + [MISSING] * (len(PROBE_COLUMNS) - 1)
         )
         lines += markdown_table(["", "classifier", *(label for label, _ in PROBE_COLUMNS)], body)
+        effect = results.get("pretraining_effect")
+        if isinstance(effect, dict) and effect.get("verdict"):
+            lines += ["", f"What pretraining bought: {format_value(effect['verdict'])}"]
         overlap = results["pretraining_overlap"]
         if isinstance(overlap, dict) and overlap.get("verdict"):
             lines += ["", f"Overlap with pretraining: {format_value(overlap['verdict'])}"]
@@ -406,7 +422,12 @@ def gpt_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     for run in runs:
         lines += probe_section(run, out_dir)
     lines += mapping_section(runs, "speed_settings", "### Speed settings in force")
-    lines += ["### Curves", "", *curve_section(runs, gpt_figures(runs), out_dir)]
+    loss_figure, *other_figures = gpt_figures(runs)
+    lines += ["### Curves", "", *curve_section(runs, [loss_figure], out_dir)]
+    probe_curve_path = out_dir / PROBE_CURVE_FIGURE
+    if plot_probe_curves(runs, probe_curve_path):
+        lines += figure_lines(probe_curve_path, PROBE_CURVE_CAPTION)
+    lines += curve_section(runs, other_figures, out_dir)
     lines += no_mfu_lines(runs)
     lines += mapping_section(runs, "versions", "### Library versions")
     for run in runs:

@@ -17,6 +17,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from common import run_contract as contract
 from report.run_folder import RunRecord
 
 # Smoothing as TensorBoard's slider does it (a debiased exponential moving average), with a
@@ -141,6 +142,69 @@ def draw_panel(ax, runs: Sequence[RunRecord], panel: Panel) -> None:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize="small")
+
+
+def probe_curves(run: RunRecord) -> dict[str, list[dict]]:
+    """Label level -> the points of the probe curve in the run's probe results (those that
+    have one)."""
+    curves = {}
+    for level, results in run.probes.items():
+        curve = results.get("curve")
+        points = curve.get("points") if isinstance(curve, dict) else None
+        if isinstance(points, list) and points:
+            curves[level] = points
+    return curves
+
+
+def plot_probe_curves(runs: Sequence[RunRecord], path: Path) -> bool:
+    """The training loss (left) and the linear probe's test accuracy (right) against the same
+    axis, tokens of pretraining, one colour per run, one marker per label level, the chance
+    level dotted; False (no file) when no run has a probe curve."""
+    if not any(probe_curves(run) for run in runs):
+        return False
+    figure = Figure(figsize=(PANEL_SIZE[0] * 2, PANEL_SIZE[1]), layout="constrained")
+    loss_ax, probe_ax = figure.subplots(1, 2, sharex=True)
+    for index, run in enumerate(runs):
+        color = run_color(index)
+        prefix = f"{run.name} " if len(runs) > 1 else ""
+        tokens_per_step = run.summary.get("global_batch_tokens")
+        loss = run.scalars.get(contract.TRAIN_LOSS)
+        if isinstance(tokens_per_step, int) and loss is not None and len(loss.steps):
+            tokens = loss.steps * tokens_per_step
+            loss_ax.plot(tokens, loss.values, color=color, alpha=0.25, linewidth=0.8)
+            smoothed = ema(loss.values, smoothing_weight(len(loss.values)))
+            loss_ax.plot(tokens, smoothed, color=color, label=f"{prefix}training loss".strip())
+        unigram = run.summary.get("data", {}).get("unigram_entropy_nats")
+        if isinstance(unigram, int | float):
+            loss_ax.axhline(
+                unigram, color=color, linestyle=":", label=f"{prefix}unigram entropy".strip()
+            )
+        for marker, (level, points) in zip("osD^v", probe_curves(run).items(), strict=False):
+            probe_ax.plot(
+                [point.get("tokens") for point in points],
+                [point.get("accuracy") for point in points],
+                "-",
+                marker=marker,
+                color=color,
+                label=f"{prefix}{level}",
+            )
+            chance = run.probes[level].get("chance", {}).get("majority_class_accuracy")
+            if isinstance(chance, int | float):
+                probe_ax.axhline(
+                    chance, color=color, linestyle=":", label=f"{prefix}{level}: chance"
+                )
+    for ax, title, ylabel in (
+        (loss_ax, "pretraining loss", "cross-entropy (nats/token)"),
+        (probe_ax, "linear probe of the frozen network", "test accuracy"),
+    ):
+        ax.set_title(title)
+        ax.set_xlabel("pretraining tokens")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[1]:
+            ax.legend(fontsize="small")
+    figure.savefig(path, dpi=DPI)
+    return True
 
 
 def plot_confusion_matrix(
