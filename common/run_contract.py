@@ -95,13 +95,22 @@ ACTIVATIONS_PREFIX = "activations/"
 # The classification probe (probe/run.py) writes one JSON per label level into the run folder
 # of the pretraining run it probes: <run>/probe/<label_level>.json.
 PROBE_DIR = "probe"
-PROBE_VERSION = 1
-# The classifiers, in the order they are trained and shown: the run's weights fine-tuned, the
-# same network from random weights with the same budget, TF-IDF + logistic regression.
+PROBE_VERSION = 2
+# The classifiers, in the order they are shown: the run's weights fine-tuned, the network the
+# run started from (random weights) fine-tuned with the same budget, the linear probes of both
+# (frozen features), TF-IDF + logistic regression.
 PROBE_PRETRAINED = "pretrained"
 PROBE_RANDOM_INIT = "random_init"
+PROBE_PRETRAINED_LINEAR = "pretrained_linear"
+PROBE_RANDOM_INIT_LINEAR = "random_init_linear"
 PROBE_TFIDF = "tfidf"
-PROBE_METHODS = (PROBE_PRETRAINED, PROBE_RANDOM_INIT, PROBE_TFIDF)
+PROBE_METHODS = (
+    PROBE_PRETRAINED,
+    PROBE_RANDOM_INIT,
+    PROBE_PRETRAINED_LINEAR,
+    PROBE_RANDOM_INIT_LINEAR,
+    PROBE_TFIDF,
+)
 PROBE_REQUIRED_KEYS = (
     "probe_version",
     "label_level",
@@ -113,6 +122,9 @@ PROBE_REQUIRED_KEYS = (
     "methods",
 )
 PROBE_METHOD_REQUIRED_KEYS = ("accuracy", "macro_f1", "confusion_matrix", "train_seconds")
+# The probe curve (the "curve" entry): the linear probe's accuracy after each number of
+# pretraining tokens, at step 0, at every checkpoint the run folder held, and at the end.
+PROBE_CURVE_POINT_KEYS = ("step", "tokens", "model", "accuracy", "macro_f1")
 
 # bench/compare_parallelism.py writes these into its --output_dir, beside one run folder per
 # strategy: the comparison (JSON, written last), its table (Markdown) and its figure.

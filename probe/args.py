@@ -13,8 +13,12 @@ from transformers.trainer_utils import SaveStrategy
 from common.cli import InputError
 from common.corpus import CorpusArguments
 from common.run_contract import PROBE_METHODS
+from probe.features import MEAN, Pooling
 
 LabelLevel = Literal["domain", "area", "combined"]
+HeadInit = Literal["linear_probe", "random"]
+# Tokens per document unless the run's blocks are shorter: an abstract's first ~190 words.
+DEFAULT_MAX_LENGTH = 256
 
 
 @dataclass
@@ -24,7 +28,8 @@ class ProbeArguments:
     run_dir: str = field(
         metadata={
             "help": "Folder of a finished pretraining run: its final/ model and tokenizer are "
-            "fine-tuned, and the results are written to its probe/ folder."
+            "probed, its checkpoint-<step>/ folders give the probe curve, and the results are "
+            "written to its probe/ folder."
         }
     )
     label_level: LabelLevel = field(
@@ -50,19 +55,45 @@ class ProbeArguments:
         default=0,
         metadata={"help": "Key of the document hash that orders each class for the split."},
     )
-    max_length: int = field(
-        default=256,
+    max_length: int | None = field(
+        default=None,
         metadata={
             "help": "Tokens per document, end-of-text included: longer documents keep their "
-            "beginning. The model's positions are the upper limit."
+            f"beginning. Default: the run's pretraining block size, at most {DEFAULT_MAX_LENGTH}; "
+            "more is refused (positions past the block size were never trained)."
+        },
+    )
+    pooling: Pooling = field(
+        default=MEAN,
+        metadata={
+            "help": "Which final hidden states make a document's vector: mean (over its "
+            "tokens), last_token (its last word) or end_of_text (the end-of-text appended to "
+            "it, as GPT2ForSequenceClassification reads); docs/PROBE.md has the measurements."
+        },
+    )
+    head_init: HeadInit = field(
+        default="linear_probe",
+        metadata={
+            "help": "Where fine-tuning starts the head: linear_probe (the logistic regression "
+            "fitted on the same network's frozen features) or random (small random weights, "
+            "as a new classification head usually starts)."
+        },
+    )
+    curve: bool = field(
+        default=True,
+        metadata={
+            "help": "Also the probe curve: the linear probe of the run's random initial weights "
+            "and of every checkpoint-<step>/ the run folder still holds, against pretraining "
+            "tokens."
         },
     )
     methods: list[str] = field(
         default_factory=lambda: list(PROBE_METHODS),
         metadata={
             "help": "Which classifiers to train and test on the same split: pretrained (the "
-            "run's weights, fine-tuned), random_init (the same network from random weights, "
-            "same budget), tfidf (TF-IDF + logistic regression)."
+            "run's weights, fine-tuned), random_init (the network the run started from, same "
+            "budget), pretrained_linear and random_init_linear (logistic regression on each "
+            "network's frozen, standardised features), tfidf (TF-IDF + logistic regression)."
         },
     )
     overwrite: bool = field(
@@ -76,7 +107,7 @@ class ProbeArguments:
                 f"--test_fraction {self.test_fraction} must be between 0 and 1 (exclusive), "
                 "e.g. 0.2"
             )
-        if self.max_length < 2:
+        if self.max_length is not None and self.max_length < 2:
             raise InputError(f"--max_length {self.max_length} is too small; pass at least 2")
         unknown = sorted(set(self.methods) - set(PROBE_METHODS))
         if unknown or not self.methods:
@@ -88,8 +119,9 @@ class ProbeArguments:
 
 @dataclass
 class ProbeTrainingArguments(TrainingArguments):
-    """`TrainingArguments` whose defaults are the probe's budget: one epoch at a learning rate
-    that suits both a pretrained and a random network, no checkpoints."""
+    """`TrainingArguments` whose defaults are the probe's fine-tuning budget (docs/PROBE.md has
+    the measurements behind them), no checkpoints. The learning rate is relative: each weight
+    tensor steps by it times the tensor's size (probe/classifier.py)."""
 
     output_dir: str | None = field(
         default=None,
@@ -100,11 +132,24 @@ class ProbeTrainingArguments(TrainingArguments):
         },
     )
     num_train_epochs: float = field(
-        default=1.0, metadata={"help": "Passes over the probe's training split."}
+        default=3.0, metadata={"help": "Passes over the probe's training split."}
     )
-    # Higher than the usual 2e-5..5e-5 for fine-tuning: the random-weight baseline must learn
-    # too in one epoch, and a model pretrained on 12M tokens is far from converged.
-    learning_rate: float = field(default=1.0e-4, metadata={"help": "Peak learning rate."})
+    learning_rate: float = field(
+        default=1.0e-2,
+        metadata={
+            "help": "Peak learning rate; with --relative_learning_rate (the default) a step "
+            "size relative to each weight tensor's root-mean-square at the start of "
+            "fine-tuning: 1e-2 moves a tensor by about a hundredth of its size per step, for "
+            "the small random weights and the larger pretrained ones alike."
+        },
+    )
+    relative_learning_rate: bool = field(
+        default=True,
+        metadata={
+            "help": "Scale each weight tensor's learning rate by its root-mean-square; false: "
+            "the same absolute rate for every weight (Trainer's AdamW)."
+        },
+    )
     per_device_train_batch_size: int = field(
         default=32, metadata={"help": "Documents per training step and device."}
     )
@@ -123,7 +168,11 @@ class ProbeTrainingArguments(TrainingArguments):
         default="no", metadata={"help": "Checkpoints: none by default (the probe keeps no model)."}
     )
     seed: int = field(
-        default=0, metadata={"help": "Seed of the classifier head and of the random network."}
+        default=0,
+        metadata={
+            "help": "Seed of the order of the training batches. (The random network is the one "
+            "the run started from, drawn with the run's own seed.)"
+        },
     )
     bf16: bool | None = field(
         default=None,

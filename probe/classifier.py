@@ -1,10 +1,22 @@
-"""GPT-2 as a sequence classifier: from the run's weights or from random ones, fine-tuned with
-transformers' Trainer on the probe's training split, then asked for the test split's classes.
+"""GPT-2 as a document classifier, fine-tuned from its linear probe with transformers' Trainer.
 
-`GPT2ForSequenceClassification` puts a linear head (`score`, no bias) on the hidden state of
-each document's last non-pad token: the end-of-text the probe appends, which has read the
-whole document. Both networks get the same head initialisation (same seed), budget and order
-of batches; only the transformer's starting weights differ.
+The classifier reads the pooled final hidden state of a document (probe/features.py),
+standardises it with the training split's mean and spread, and applies a linear head. The
+head starts where the linear probe ended: the logistic regression fitted on the same network's
+frozen, standardised features (probe/baselines.py). Fine-tuning then trains the whole network
+from there ("linear probing, then fine-tuning": Kumar et al., ICLR 2022), so it starts from
+what the representation already tells apart rather than from a random head, and a network
+whose features are better starts ahead.
+
+Each weight tensor's step size is the learning rate times the tensor's root-mean-square at the
+start (the relative steps of Adafactor's `scale_parameter` and of LAMB's trust ratio), with
+AdamW's update direction. Behind LayerNorm a network computes the same function when a weight
+tensor is scaled, so what an update changes is its size relative to the tensor. Random GPT-2
+weights are drawn with a spread of 0.02, pretrained ones grow several times larger (token
+embeddings 7x in the measured tiny run); a step of the same absolute size would rewrite the
+random network several times faster than the pretrained one, and at a budget too short to
+converge the comparison would measure that speed, not what pretraining taught. Both networks
+get the same procedure, budget and order of batches; only the starting weights differ.
 """
 
 from __future__ import annotations
@@ -13,25 +25,88 @@ import logging
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import datasets
 import numpy as np
-from transformers import (
-    DataCollatorWithPadding,
-    GPT2Config,
-    GPT2ForSequenceClassification,
-    Trainer,
-    set_seed,
-)
+import torch
+from sklearn.pipeline import Pipeline
+from torch import nn
+from transformers import DataCollatorWithPadding, GPT2Model, Trainer
+from transformers.modeling_outputs import SequenceClassifierOutput
 
-from common.cli import InputError
 from probe.args import ProbeTrainingArguments
+from probe.features import pool_hidden_states
 
 logger = logging.getLogger(__name__)
 
-# The classification head: new in the pretrained model, so the only weights it may lack.
-HEAD_PARAMETERS = frozenset({"score.weight"})
+
+class PooledClassifier(nn.Module):
+    """A GPT-2 transformer, one pooled state per document, standardised, a linear head that
+    starts as the linear probe (`head_init` "linear_probe") or from small random weights."""
+
+    def __init__(
+        self, transformer: GPT2Model, pooling: str, linear_probe: Pipeline, head_init: str
+    ):
+        super().__init__()
+        self.transformer = transformer
+        # Trainer reads and sets a few model settings (use_cache) through `config`.
+        self.config = transformer.config
+        self.pooling = pooling
+        scaler, regression = linear_probe[0], linear_probe[-1]
+        self.register_buffer("feature_mean", torch.as_tensor(scaler.mean_, dtype=torch.float32))
+        self.register_buffer("feature_scale", torch.as_tensor(scaler.scale_, dtype=torch.float32))
+        weight, bias = regression.coef_, regression.intercept_
+        if len(regression.classes_) == 2:
+            # scikit-learn keeps one row for two classes: the logit of the second; the first's
+            # logit is 0, which gives the same softmax.
+            weight, bias = np.vstack([np.zeros_like(weight), weight]), np.append(0.0, bias)
+        self.head = nn.Linear(weight.shape[1], weight.shape[0])
+        with torch.no_grad():
+            if head_init == "random":  # as transformers starts a new head
+                self.head.weight.normal_(std=transformer.config.initializer_range)
+                self.head.bias.zero_()
+            else:
+                self.head.weight.copy_(torch.as_tensor(weight))
+                self.head.bias.copy_(torch.as_tensor(bias))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor | None = None,
+    ) -> SequenceClassifierOutput:
+        hidden = self.transformer(input_ids=input_ids, attention_mask=attention_mask)
+        pooled = pool_hidden_states(hidden.last_hidden_state, attention_mask, self.pooling)
+        logits = self.head((pooled - self.feature_mean) / self.feature_scale)
+        loss = None if labels is None else nn.functional.cross_entropy(logits, labels)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+# Root-mean-square below which a tensor counts as this size: zero-initialised biases still move.
+MIN_PARAMETER_SCALE = 1.0e-3
+
+
+def relative_step_optimizer(
+    model: nn.Module, training_args: ProbeTrainingArguments
+) -> torch.optim.AdamW:
+    """AdamW with one parameter group per weight tensor whose learning rate is
+    `training_args.learning_rate` times the tensor's root-mean-square now; Trainer's schedule
+    (warm-up, decay) scales every group alike. Weight decay on matrices only, as Trainer does."""
+    groups = []
+    for parameter in model.parameters():
+        scale = parameter.detach().float().pow(2).mean().sqrt().item()
+        groups.append(
+            {
+                "params": [parameter],
+                "lr": training_args.learning_rate * max(scale, MIN_PARAMETER_SCALE),
+                "weight_decay": training_args.weight_decay if parameter.ndim >= 2 else 0.0,
+            }
+        )
+    return torch.optim.AdamW(
+        groups,
+        betas=(training_args.adam_beta1, training_args.adam_beta2),
+        eps=training_args.adam_epsilon,
+    )
 
 
 @dataclass
@@ -42,59 +117,8 @@ class FineTuneOutcome:
     train_losses: list[dict[str, float]]  # {"step", "loss"} per logging step
 
 
-def load_model_config(model_dir: Path) -> GPT2Config:
-    """The run's model config; raises InputError when it is not a GPT-2."""
-    try:
-        config = GPT2Config.from_pretrained(str(model_dir), local_files_only=True)
-    except (OSError, ValueError) as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"{model_dir} holds no loadable GPT-2 config: {message}") from None
-    if config.model_type != "gpt2":
-        raise InputError(
-            f"{model_dir} holds a {config.model_type} model; the probe fine-tunes GPT-2 runs"
-        )
-    return config
-
-
-def build_classifier(
-    model_dir: Path,
-    class_names: list[str],
-    pad_token_id: int,
-    pretrained: bool,
-    seed: int,
-) -> GPT2ForSequenceClassification:
-    """GPT-2 with a classification head for `class_names`, from `model_dir`'s weights or, with
-    `pretrained` false, from random weights of the same shape."""
-    options = {
-        "num_labels": len(class_names),
-        "id2label": dict(enumerate(class_names)),
-        "label2id": {name: index for index, name in enumerate(class_names)},
-        "pad_token_id": pad_token_id,
-        "use_cache": False,
-    }
-    set_seed(seed)
-    if not pretrained:
-        config = load_model_config(model_dir)
-        for name, value in options.items():
-            setattr(config, name, value)
-        return GPT2ForSequenceClassification(config)
-    model, loading = GPT2ForSequenceClassification.from_pretrained(
-        str(model_dir), local_files_only=True, output_loading_info=True, **options
-    )
-    # from_pretrained initialises every weight it does not find and only logs it: a checkpoint
-    # saved under other names would quietly turn the "pretrained" row into a random one.
-    missing = set(loading["missing_keys"]) - HEAD_PARAMETERS
-    if missing:
-        raise InputError(
-            f"{model_dir} lacks {len(missing)} of the transformer's weights (e.g. "
-            f"{sorted(missing)[0]}): it would be fine-tuned from random weights; pass the "
-            "final/ folder of a pretraining run"
-        )
-    return model
-
-
 def fine_tune_and_predict(
-    model: GPT2ForSequenceClassification,
+    model: PooledClassifier,
     tokenizer,
     train_dataset: datasets.Dataset,
     test_dataset: datasets.Dataset,
@@ -110,6 +134,12 @@ def fine_tune_and_predict(
             train_dataset=train_dataset,
             data_collator=DataCollatorWithPadding(tokenizer),
             processing_class=tokenizer,
+            optimizers=(
+                relative_step_optimizer(model, training_args)
+                if training_args.relative_learning_rate
+                else None,
+                None,
+            ),
         )
         started = time.perf_counter()
         trainer.train()

@@ -1,15 +1,16 @@
-"""How well does a pretrained run classify Web of Science abstracts? Fine-tune and compare.
+"""How well does a pretrained run classify Web of Science abstracts? Probe and compare.
 
     python -m probe.run --run_dir runs/gpt2_117m --corpus data/WebOfScience.zip \\
         --config probe/configs/gpt2_117m.yaml [--label_level domain|area|combined]
-    python -m probe.run --config probe/configs/tiny.yaml       # the demo run, CPU, seconds
 
-Three classifiers on the same split of the labelled documents (probe/data.py), the same
-tokens and, for the two networks, the same budget (ProbeTrainingArguments: by default one
-epoch, 256 tokens per document): the run's final/ GPT-2 fine-tuned as a sequence classifier
-(`pretrained`), the same network from random weights (`random_init`: what pretraining bought)
-and TF-IDF + logistic regression (`tfidf`). Accuracy, macro-F1 and confusion matrices, the
-split and its overlap with the pretraining split (probe/overlap.py) go to
+Five classifiers on the same split of the labelled documents (probe/data.py) and the same
+tokens: the run's final/ GPT-2 and the network the run started from (its shape, random
+weights drawn with its seed), each read by a linear probe of its frozen features
+(`pretrained_linear`, `random_init_linear`) and fine-tuned from that probe with the same
+budget (`pretrained`, `random_init`: what pretraining bought); and TF-IDF + logistic
+regression (`tfidf`). The curve repeats the linear probe for every checkpoint the run folder
+holds. Accuracy, macro-F1 and confusion matrices, the verdict on what pretraining bought, the
+curve, the split and its overlap with the pretraining split (probe/overlap.py) go to
 RUN_DIR/probe/<label_level>.json, written last.
 """
 
@@ -26,19 +27,20 @@ from common.cli import InputError, entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.files import write_json_atomic
 from common.run_contract import (
-    FINAL_MODEL_DIR,
     PROBE_DIR,
     PROBE_METHODS,
     PROBE_PRETRAINED,
+    PROBE_PRETRAINED_LINEAR,
     PROBE_RANDOM_INIT,
+    PROBE_RANDOM_INIT_LINEAR,
     PROBE_TFIDF,
     PROBE_VERSION,
 )
 from common.system import hardware_description, library_versions
 from common.tokenization import load_tokenizer
-from probe.args import ProbeArguments, ProbeCommand, ProbeTrainingArguments
+from probe.args import DEFAULT_MAX_LENGTH, ProbeArguments, ProbeCommand, ProbeTrainingArguments
 from probe.baselines import tfidf_logistic_regression
-from probe.classifier import build_classifier, fine_tune_and_predict, load_model_config
+from probe.classifier import PooledClassifier, fine_tune_and_predict
 from probe.data import (
     LABEL_FILES,
     classification_dataset,
@@ -46,15 +48,29 @@ from probe.data import (
     load_probe_documents,
     split_documents,
 )
-from probe.metrics import chance_levels, score_predictions
+from probe.linear_probe import ProbeTask, linear_probe, probe_curve
+from probe.metrics import chance_levels
 from probe.overlap import REPRODUCED, describe_overlap, find_pretraining_overlap
+from probe.pretraining_run import (
+    PretrainingRun,
+    initial_transformer,
+    load_transformer,
+    read_pretraining_run,
+)
 
 logger = logging.getLogger(__name__)
 
 METHOD_DESCRIPTIONS = {
-    PROBE_PRETRAINED: "GPT-2 from the run's final/ weights, fine-tuned as a classifier",
-    PROBE_RANDOM_INIT: "the same GPT-2 from random weights, same fine-tuning budget",
+    PROBE_PRETRAINED: "GPT-2 from the run's final/ weights, fine-tuned from its linear probe",
+    PROBE_RANDOM_INIT: "the network the run started from (random weights), fine-tuned the same way",
+    PROBE_PRETRAINED_LINEAR: "linear probe of the final/ weights, frozen",
+    PROBE_RANDOM_INIT_LINEAR: "linear probe of the random initial weights, frozen",
     PROBE_TFIDF: "TF-IDF (words and word pairs) + logistic regression",
+}
+# Each network: its fine-tuned row and its linear-probe row.
+NETWORKS = {
+    PROBE_PRETRAINED: PROBE_PRETRAINED_LINEAR,
+    PROBE_RANDOM_INIT: PROBE_RANDOM_INIT_LINEAR,
 }
 
 
@@ -73,37 +89,82 @@ def results_path(run_dir: str | Path, label_level: str) -> Path:
     return Path(run_dir) / PROBE_DIR / f"{label_level}.json"
 
 
+def resolve_max_length(requested: int | None, run: PretrainingRun) -> int:
+    """Tokens per document: the run's block size (at most DEFAULT_MAX_LENGTH) unless asked;
+    more than the block size is refused."""
+    if requested is None:
+        return min(run.block_size, DEFAULT_MAX_LENGTH)
+    if requested > run.block_size:
+        raise InputError(
+            f"--max_length {requested} is above the run's pretraining block size "
+            f"{run.block_size} (run_summary.json): positions past {run.block_size} were never "
+            f"trained; pass --max_length {run.block_size} or less"
+        )
+    return requested
+
+
+GAIN_LABELS = {"fine_tuned": "fine-tuned", "linear_probe": "linear probe"}
+
+
+def pretraining_effect(methods: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """What pretraining bought, in accuracy points over the network it started from, by
+    fine-tuning and by the linear probe, and one sentence that never calls pretraining harmful
+    where the frozen features show it helped. None unless both networks were probed."""
+    gains = {
+        kind: round(100 * (methods[pretrained]["accuracy"] - methods[random]["accuracy"]), 1)
+        for kind, (pretrained, random) in {
+            "fine_tuned": (PROBE_PRETRAINED, PROBE_RANDOM_INIT),
+            "linear_probe": (PROBE_PRETRAINED_LINEAR, PROBE_RANDOM_INIT_LINEAR),
+        }.items()
+        if pretrained in methods and random in methods
+    }
+    if not gains:
+        return None
+    parts = [f"{GAIN_LABELS[kind]} {gain:+.1f}" for kind, gain in gains.items()]
+    fine_tuned, linear = gains.get("fine_tuned"), gains.get("linear_probe")
+    features_gain = linear is not None and linear > 0
+    fine_tuning_gain = fine_tuned is not None and fine_tuned > 0
+    if features_gain and fine_tuned is not None and fine_tuned < 0:
+        verdict = (
+            "Pretraining helped the representation (the linear probe of the frozen features "
+            "gains), but within this fine-tuning budget the random network learned the task "
+            "from scratch and caught up with it; a longer budget or more pretraining tells them "
+            "apart"
+        )
+    elif features_gain or (fine_tuning_gain and linear is None):
+        verdict = "Pretraining helped"
+    elif fine_tuning_gain:
+        verdict = "Fine-tuning shows a gain, the frozen features do not show it yet"
+    else:
+        verdict = "Pretraining shows no gain on these labels yet"
+    return {
+        **{f"{kind}_points": gain for kind, gain in gains.items()},
+        "verdict": f"{verdict} (accuracy of the pretrained network minus the random one, in "
+        f"points: {', '.join(parts)}).",
+    }
+
+
 def run_probe(command: ProbeCommand) -> dict[str, Any]:
-    """Check the inputs, split, train and test every method, write and return the results."""
+    """Check the inputs, split, probe and fine-tune every network, write and return the results."""
     started = time.perf_counter()
     probe, corpus_args, training_args = command
     config = command.to_dict()  # before the Trainer's scratch folder is filled in
-    run_dir = Path(probe.run_dir)
-    model_dir = run_dir / FINAL_MODEL_DIR
-    if not (model_dir / "config.json").is_file():
-        raise InputError(
-            f"{run_dir} has no {FINAL_MODEL_DIR}/ model (what a finished pretraining run "
-            "saves last); pass the folder of a finished run of pretrain/run.py as --run_dir"
-        )
-    output_path = results_path(run_dir, probe.label_level)
+    run = read_pretraining_run(probe.run_dir)
+    max_length = resolve_max_length(probe.max_length, run)
+    output_path = results_path(run.run_dir, probe.label_level)
     if output_path.exists() and not probe.overwrite:
         raise InputError(f"{output_path} already exists; pass --overwrite to replace it")
-    model_config = load_model_config(model_dir)
-    if probe.max_length > model_config.n_positions:
-        raise InputError(
-            f"--max_length {probe.max_length} is above the model's {model_config.n_positions} "
-            "positions; lower it"
-        )
-    tokenizer = load_tokenizer(model_dir)
-    # Without a pad token (e.g. GPT-2's own tokenizer) pads are end-of-text: the head then
-    # reads each document's last word instead of the end-of-text after it.
+    pretrained_transformer = load_transformer(run.final_model_dir)
+    tokenizer = load_tokenizer(run.final_model_dir)
+    # Without a pad token (e.g. GPT-2's own tokenizer) pads are end-of-text; the attention
+    # mask keeps them out of every pooling.
     pad_token_id = tokenizer.pad_token_id
     if pad_token_id is None:
         pad_token_id = tokenizer.eos_token_id
         tokenizer.pad_token = tokenizer.eos_token
     documents = load_probe_documents(corpus_args, probe.label_level, probe.label_names_file)
 
-    overlap = find_pretraining_overlap(run_dir, documents.texts)
+    overlap = find_pretraining_overlap(run.run_dir, documents.texts)
     is_test = split_documents(
         documents.texts,
         documents.labels,
@@ -113,51 +174,65 @@ def run_probe(command: ProbeCommand) -> dict[str, Any]:
     )
     train_indices, test_indices = np.flatnonzero(~is_test), np.flatnonzero(is_test)
     train_labels, test_labels = documents.labels[train_indices], documents.labels[test_indices]
-    unseen = ~overlap.in_training[test_indices] if overlap.status == REPRODUCED else None
     logger.info("%d training and %d test documents", len(train_indices), len(test_indices))
+    encoded = encode_documents(documents.texts, tokenizer, max_length)
+    task = ProbeTask(
+        encoded=encoded,
+        labels=documents.labels,
+        train_indices=train_indices,
+        test_indices=test_indices,
+        num_classes=documents.num_classes,
+        unseen=~overlap.in_training[test_indices] if overlap.status == REPRODUCED else None,
+        pooling=probe.pooling,
+        pad_token_id=pad_token_id,
+        device=training_args.device,
+    )
 
-    encoded = encode_documents(documents.texts, tokenizer, probe.max_length)
     methods: dict[str, dict[str, Any]] = {}
-    for method in (m for m in PROBE_METHODS if m in probe.methods):
-        logger.info("%s: %s", method, METHOD_DESCRIPTIONS[method])
-        if method == PROBE_TFIDF:
-            predictions, seconds = tfidf_logistic_regression(
-                [documents.texts[i] for i in train_indices],
-                train_labels,
-                [documents.texts[i] for i in test_indices],
-            )
-            extra: dict[str, Any] = {"train_seconds": seconds}
-        else:
-            model = build_classifier(
-                model_dir,
-                documents.class_names,
-                pad_token_id,
-                pretrained=method == PROBE_PRETRAINED,
-                seed=training_args.seed,
-            )
+    linear_scores: dict[str, dict[str, Any]] = {}
+    for network, linear_method in NETWORKS.items():
+        if not ({network, linear_method} & set(probe.methods)) and not probe.curve:
+            continue
+        transformer = (
+            pretrained_transformer if network == PROBE_PRETRAINED else initial_transformer(run)
+        )
+        linear = linear_probe(transformer, task)
+        linear_scores[network] = linear.scores
+        logger.info("%s: test accuracy %.4f", linear_method, linear.scores["accuracy"])
+        if linear_method in probe.methods:
+            methods[linear_method] = linear.scores
+        if network in probe.methods:
             outcome = fine_tune_and_predict(
-                model,
+                PooledClassifier(transformer, probe.pooling, linear.probe, probe.head_init),
                 tokenizer,
                 classification_dataset(encoded, documents.labels, train_indices),
                 classification_dataset(encoded, documents.labels, test_indices),
                 training_args,
             )
-            predictions = outcome.predictions
-            extra = {
+            methods[network] = {
+                **task.score(outcome.predictions),
                 "train_seconds": outcome.train_seconds,
                 "num_steps": outcome.num_steps,
                 "train_losses": outcome.train_losses,
             }
-        methods[method] = {
-            "description": METHOD_DESCRIPTIONS[method],
-            **score_predictions(test_labels, predictions, documents.num_classes, unseen),
-            **extra,
-        }
-        logger.info("%s: test accuracy %.4f", method, methods[method]["accuracy"])
+            logger.info("%s: test accuracy %.4f", network, methods[network]["accuracy"])
+    if PROBE_TFIDF in probe.methods:
+        predictions, seconds = tfidf_logistic_regression(
+            [documents.texts[i] for i in train_indices],
+            train_labels,
+            [documents.texts[i] for i in test_indices],
+        )
+        methods[PROBE_TFIDF] = {**task.score(predictions), "train_seconds": seconds}
+        logger.info("%s: test accuracy %.4f", PROBE_TFIDF, methods[PROBE_TFIDF]["accuracy"])
+    methods = {
+        method: {"description": METHOD_DESCRIPTIONS[method], **methods[method]}
+        for method in PROBE_METHODS
+        if method in methods
+    }
 
     results = {
         "probe_version": PROBE_VERSION,
-        "run_dir": str(run_dir.resolve()),
+        "run_dir": str(run.run_dir.resolve()),
         "corpus": documents.source,
         "label_level": probe.label_level,
         "label_files": list(LABEL_FILES[probe.label_level]),
@@ -179,14 +254,26 @@ def run_probe(command: ProbeCommand) -> dict[str, Any]:
         },
         "chance": chance_levels(train_labels, test_labels, documents.num_classes),
         "pretraining_overlap": describe_overlap(overlap, is_test),
+        "pretraining_effect": pretraining_effect(methods),
         "budget": {
-            "max_length": probe.max_length,
+            "max_length": max_length,
+            "pretraining_block_size": run.block_size,
+            "pooling": probe.pooling,
+            "head_init": probe.head_init,
             "num_train_epochs": training_args.num_train_epochs,
             "learning_rate": training_args.learning_rate,
+            "relative_learning_rate": training_args.relative_learning_rate,
             "train_tokens_per_epoch": int(sum(len(encoded[i]) for i in train_indices)),
             "test_tokens": int(sum(len(encoded[i]) for i in test_indices)),
         },
         "methods": methods,
+        "curve": (
+            probe_curve(
+                run, task, linear_scores[PROBE_RANDOM_INIT], linear_scores[PROBE_PRETRAINED]
+            )
+            if probe.curve
+            else None
+        ),
         "wall_seconds": time.perf_counter() - started,
         "hardware": hardware_description(),
         "versions": library_versions(),
@@ -197,15 +284,16 @@ def run_probe(command: ProbeCommand) -> dict[str, Any]:
 
 
 def format_results(results: dict[str, Any]) -> str:
-    """The results as a few lines of text: one per method, then the chance levels."""
+    """The results as a few lines of text: one per method, the chance levels, the verdict and
+    the probe curve."""
     lines = [
         f"{results['label_level']}: {len(results['class_names'])} classes, "
         f"{results['num_train']} training / {results['num_test']} test documents",
-        f"{'method':<12} {'accuracy':>9} {'macro-F1':>9} {'seconds':>9}",
+        f"{'method':<18} {'accuracy':>9} {'macro-F1':>9} {'seconds':>9}",
     ]
     for method, scores in results["methods"].items():
         lines.append(
-            f"{method:<12} {scores['accuracy']:>9.4f} {scores['macro_f1']:>9.4f} "
+            f"{method:<18} {scores['accuracy']:>9.4f} {scores['macro_f1']:>9.4f} "
             f"{scores['train_seconds']:>9.1f}"
         )
     chance = results["chance"]
@@ -213,6 +301,14 @@ def format_results(results: dict[str, Any]) -> str:
         f"chance: {chance['majority_class_accuracy']:.4f} (most frequent class), "
         f"{chance['uniform_accuracy']:.4f} (uniform)"
     )
+    if results["pretraining_effect"]:
+        lines.append(results["pretraining_effect"]["verdict"])
+    if results["curve"]:
+        points = ", ".join(
+            f"{point['tokens']:,} tokens {point['accuracy']:.4f}"
+            for point in results["curve"]["points"]
+        )
+        lines.append(f"probe curve (linear probe accuracy after): {points}")
     return "\n".join(lines)
 
 
