@@ -9,13 +9,14 @@ what the representation already tells apart rather than from a random head, and 
 whose features are better starts ahead.
 
 Each weight tensor's step size is the learning rate times the tensor's root-mean-square at the
-start (the relative steps of Adafactor's `scale_parameter` and of LAMB's trust ratio), with
-AdamW's update direction. Behind LayerNorm a network computes the same function when a weight
-tensor is scaled, so what an update changes is its size relative to the tensor. Random GPT-2
-weights are drawn with a spread of 0.02, pretrained ones grow several times larger (token
-embeddings 7x in the measured tiny run); a step of the same absolute size would rewrite the
-random network several times faster than the pretrained one, and at a budget too short to
-converge the comparison would measure that speed, not what pretraining taught. Both networks
+start (the idea of Adafactor's `scale_parameter` and of LAMB's trust ratio, which use the
+current size), with AdamW's update direction. Behind LayerNorm a network computes the same
+function when a weight tensor is scaled, so what an update changes is its size relative to the
+tensor. Random GPT-2 weights are drawn with a spread of 0.02, pretrained ones grow several
+times larger (token embeddings 7x in the measured tiny run); a step of the same absolute size
+would rewrite the random network several times faster than the pretrained one, and at a
+budget too short to converge the comparison would measure that speed, not what pretraining
+taught. Both networks
 get the same procedure, budget and order of batches; only the starting weights differ.
 """
 
