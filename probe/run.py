@@ -1,6 +1,6 @@
 """How well does a pretrained run classify Web of Science abstracts? Probe and compare.
 
-    python -m probe.run --run_dir runs/gpt2_117m --corpus data/WebOfScience.zip \\
+    probe-classifier --run_dir runs/gpt2_117m --corpus data/WebOfScience.zip \\
         --config probe/configs/gpt2_117m.yaml [--label_level domain|area|combined]
 
 Five classifiers on the same split of the labelled documents (probe/data.py) and the same
@@ -80,7 +80,7 @@ def parse_probe_args(argv: list[str] | None = None) -> ProbeCommand:
             [ProbeArguments, CorpusArguments, ProbeTrainingArguments],
             argv,
             description=__doc__,
-            prog="python -m probe.run",
+            prog="probe-classifier",
         )
     )
 
