@@ -119,6 +119,8 @@ def pretrain(args: PretrainArguments, launched_at: float) -> int:
     is a run that diverged, after its summary is written.
     """
     training_args = args.training
+    # Before the folder lock: processes that did not join would each take it as rank 0.
+    check_processes_joined(training_args)
     output_dir = Path(training_args.output_dir)
     finished = finished_run_summary(output_dir)
     if finished is not None and training_args.resume_from_checkpoint == RESUME_AUTO:
@@ -153,7 +155,6 @@ def pretrain(args: PretrainArguments, launched_at: float) -> int:
 def plan_run(args: PretrainArguments) -> RunPlan:
     """Check everything that can be checked cheaply, then prepare the blocks and count steps."""
     training_args, data_args = args.training, args.data
-    check_processes_joined(training_args)
     request = requested_strategy(training_args)
     check_request_fits_device(request, training_args.device)
     precision = resolve_precision(training_args)

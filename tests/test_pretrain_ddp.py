@@ -88,5 +88,5 @@ def test_processes_that_do_not_join_one_training_are_refused(data_paths, tmp_pat
         command, env=subprocess_env(), capture_output=True, text=True, timeout=600
     )
     assert result.returncode != 0
-    assert "did not join one training" in result.stderr
+    assert "did not join one training" in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()
