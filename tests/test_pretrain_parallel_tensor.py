@@ -69,7 +69,7 @@ def test_two_tensor_parallel_processes_train_like_pretrain_run_in_one(reference,
     assert summary["eval_loss"] == pytest.approx(single["eval_loss"], abs=1e-4)
     # The loss fell, and the gradient was clipped (max_grad_norm 1 in tiny.yaml) at least once:
     # the norm over sharded and whole parameters is the one-process norm.
-    assert single_losses[-1] < single_losses[0] - 0.3
+    assert single_losses[-1] < single_losses[0] - 0.2
     single_norms = logged_scalars(reference, GRAD_NORM)
     assert max(single_norms) > 1.0
     assert logged_scalars(tensor_parallel, GRAD_NORM) == pytest.approx(single_norms, rel=1e-4)

@@ -235,7 +235,7 @@ def test_resuming_a_finished_run_changes_nothing_and_says_so(run_with_checkpoint
     [
         ({"max_train_tokens": 96 * 64 * 2}, "max_train_tokens: 12288 now, 6144 in the checkpoint"),
         ({"per_device_train_batch_size": 8}, "global_batch_blocks: 8 now, 4 in the checkpoint"),
-        ({"learning_rate": "1.0e-3"}, "learning_rate: 0.001 now, 0.003 in the checkpoint"),
+        ({"learning_rate": "2.0e-3"}, "learning_rate: 0.002 now, 0.001 in the checkpoint"),
         ({"vocab_size": 640}, "vocab_size: 640 now, 512 in the checkpoint"),
     ],
 )

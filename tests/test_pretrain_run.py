@@ -109,7 +109,7 @@ def test_tiny_run_learns_and_writes_its_summary(tiny_run):
         "TrainingArguments",
         "model_config",
     }
-    assert summary["config"]["TrainingArguments"]["learning_rate"] == pytest.approx(3.0e-3)
+    assert summary["config"]["TrainingArguments"]["learning_rate"] == pytest.approx(1.0e-3)
     assert summary["speed_settings"]["precision"] == "fp32"
     assert summary["speed_settings"]["attn_implementation"] == "sdpa"
     assert "Device: cpu" in summary["accelerator_state"]
@@ -312,7 +312,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_naming_the_first(data_path
             assert first.poll() is None, first.communicate()[1][-2000:]
             time.sleep(0.05)
         second = subprocess.run(
-            run_script_command([*argv, "--learning_rate", "1.0e-3"]),
+            run_script_command([*argv, "--learning_rate", "2.0e-3"]),
             env=subprocess_env(), capture_output=True, text=True,
         )  # fmt: skip
         first.send_signal(signal.SIGTERM)
@@ -329,7 +329,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_naming_the_first(data_path
     assert checkpoints
     for checkpoint in checkpoints:
         manifest = json.loads((checkpoint / CHECKPOINT_MANIFEST_FILE).read_text())
-        assert manifest["run_identity"]["learning_rate"] == pytest.approx(3.0e-3)
+        assert manifest["run_identity"]["learning_rate"] == pytest.approx(1.0e-3)
 
 
 @pytest.mark.system
