@@ -68,6 +68,7 @@ logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "pretrain" / "configs"
 RESULTS_FILE = "results.json"
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
 
 
 @dataclass(frozen=True)
@@ -76,16 +77,23 @@ class Recipe:
 
     learning_rate: float
     warmup: float  # below 1: a fraction of the steps; else a number of steps
-    schedule: str  # "cosine" or "linear" (decaying until the last step), or "constant"
+    # cosine or linear: decaying until the last step; constant; wsd: warmup, constant, and a
+    # final decay (Hagele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed
+    # Training Durations")
+    schedule: str
     final_lr_fraction: float  # a decay ends at this fraction of the peak (constant: 1)
     adam_beta1: float
     adam_beta2: float
     weight_decay: float
     max_grad_norm: float
+    # wsd: the constant learning rate falls over this last fraction of the steps
+    decay_fraction: float = 0.2
 
     def __post_init__(self) -> None:
-        if self.schedule not in ("cosine", "linear", "constant"):
-            raise InputError(f"schedule {self.schedule!r} is not 'cosine', 'linear' or 'constant'")
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.schedule == "wsd" and not 0 < self.decay_fraction <= 1:
+            raise InputError(f"decay_fraction {self.decay_fraction} must be in (0, 1]")
         if self.schedule == "constant":
             object.__setattr__(self, "final_lr_fraction", 1.0)
         if self.schedule == "linear" and self.final_lr_fraction != 0:
@@ -96,11 +104,17 @@ class Recipe:
                 "schedule=constant for no decay"
             )
 
-    def flags(self) -> list[str]:
-        """The `pretrain/run.py` flags of this recipe."""
+    def flags(self, num_steps: int) -> list[str]:
+        """The `pretrain/run.py` flags of this recipe for a run of `num_steps` steps."""
         schedule = ["--lr_scheduler_type", self.schedule]
         if self.schedule == "constant":
             schedule = ["--lr_scheduler_type", "constant_with_warmup"]
+        elif self.schedule == "wsd":
+            # 1-sqrt: the cooldown shape Hagele et al. (2024) found best after a constant phase
+            decay = {"num_decay_steps": max(1, round(self.decay_fraction * num_steps)),
+                     "min_lr_ratio": self.final_lr_fraction, "decay_type": "1-sqrt"}  # fmt: skip
+            schedule = ["--lr_scheduler_type", "warmup_stable_decay",
+                        "--lr_scheduler_kwargs", json.dumps(decay)]  # fmt: skip
         elif self.final_lr_fraction > 0:
             floor = json.dumps({"min_lr_rate": self.final_lr_fraction})
             schedule = ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", floor]
@@ -192,7 +206,13 @@ def resolve_recipe(spec: str, recipes: dict[str, Recipe]) -> Recipe:
             replaced[key] = value if types[key] == "str" else float(value)
         except ValueError:
             raise InputError(f"'{change}' in '{spec}': {value} is not a number") from None
-    return dataclasses.replace(recipe, **replaced)
+    varied = dataclasses.replace(recipe, **replaced)
+    if varied.schedule == "constant" and replaced.get("final_lr_fraction", 1.0) != 1.0:
+        raise InputError(
+            f"'{spec}': a constant schedule has no final learning rate; add schedule=cosine, "
+            "linear or wsd, or drop final_lr_fraction"
+        )
+    return varied
 
 
 @dataclass
@@ -290,7 +310,7 @@ def run_command(args: RecipeBenchArguments, run: RunSpec) -> list[str]:
         "--per_device_train_batch_size", str(args.batch_blocks),
         "--per_device_eval_batch_size", "64",
         "--seed", str(run.seed),
-        *run.recipe.flags(),
+        *run.recipe.flags(args.num_steps),
         "--logging_steps", str(args.logging_steps),
         "--eval_strategy", "no",
         "--save_strategy", "no",

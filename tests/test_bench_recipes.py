@@ -14,8 +14,9 @@ from common.cli import parse_args
 
 def test_config_recipes_are_read_from_the_shipped_configs():
     course = recipes.recipe_from_config("gpt2_117m.yaml")
-    assert course.schedule == "cosine" and course.final_lr_fraction == pytest.approx(0.1)
-    assert course.warmup == pytest.approx(0.05)
+    assert (course.learning_rate, course.schedule, course.warmup) == (1e-3, "constant", 0.05)
+    tiny = recipes.recipe_from_config("tiny.yaml")
+    assert (tiny.learning_rate, tiny.schedule, tiny.warmup) == (1e-3, "constant", 0.0)
     # TrainingArguments' defaults fill what a config leaves out: run_clm.py's recipe is them.
     run_clm = recipes.peer_recipes()["run_clm"]
     assert (run_clm.learning_rate, run_clm.schedule, run_clm.warmup) == (5e-5, "linear", 0.0)
@@ -25,7 +26,7 @@ def test_config_recipes_are_read_from_the_shipped_configs():
 @pytest.mark.parametrize("name", ["tiny", "course", "nanogpt_small", "nanogpt_gpt2", "run_clm"])
 def test_recipe_flags_set_exactly_the_recipe_in_training_arguments(name, tmp_path):
     recipe = recipes.named_recipes()[name]
-    (parsed,) = parse_args([TrainingArguments], ["--output_dir", str(tmp_path), *recipe.flags()])
+    (parsed,) = parse_args([TrainingArguments], ["--output_dir", str(tmp_path), *recipe.flags(184)])
     assert (
         recipes.recipe_from_options(
             {key: getattr(parsed, key) for key in recipes.training_defaults()}
@@ -34,12 +35,31 @@ def test_recipe_flags_set_exactly_the_recipe_in_training_arguments(name, tmp_pat
     )
 
 
+def test_a_warmup_stable_decay_recipe_cools_down_over_its_last_steps(tmp_path):
+    recipe = recipes.resolve_recipe(
+        "course:schedule=wsd,final_lr_fraction=0", recipes.named_recipes()
+    )
+    (parsed,) = parse_args([TrainingArguments], ["--output_dir", str(tmp_path), *recipe.flags(184)])
+    assert parsed.lr_scheduler_type == "warmup_stable_decay"
+    assert parsed.lr_scheduler_kwargs == {
+        "num_decay_steps": 37,
+        "min_lr_ratio": 0.0,
+        "decay_type": "1-sqrt",
+    }
+
+
 def test_a_recipe_is_varied_in_place_and_bad_variations_are_refused():
     named = recipes.named_recipes()
-    varied = recipes.resolve_recipe("course:learning_rate=3.0e-3,final_lr_fraction=0", named)
+    varied = recipes.resolve_recipe(
+        "course:learning_rate=3.0e-3,schedule=cosine,final_lr_fraction=0", named
+    )
     assert varied.learning_rate == 3e-3 and varied.final_lr_fraction == 0
-    assert varied.adam_beta2 == named["course"].adam_beta2
-    for spec in ["nanogpt", "course:lr=1", "course:adam_beta2=high", "course:schedule=step"]:
+    assert varied.schedule == "cosine" and varied.adam_beta2 == named["course"].adam_beta2
+    # constant from a decaying recipe: the decay's end goes with it
+    assert recipes.resolve_recipe("nanogpt_small:schedule=constant", named).final_lr_fraction == 1
+    bad_specs = ["nanogpt", "course:lr=1", "course:adam_beta2=high", "course:schedule=step",
+                 "course:final_lr_fraction=0"]  # fmt: skip
+    for spec in bad_specs:
         with pytest.raises(recipes.InputError):
             recipes.resolve_recipe(spec, named)
 
