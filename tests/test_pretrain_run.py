@@ -214,9 +214,10 @@ def test_course_config_resolves_to_the_documented_recipe():
     assert model.model_preset == "gpt2-117m" and model.dropout == 0.0
     assert data.max_train_tokens == 12_000_000 and data.block_size == 1024
     assert training.per_device_train_batch_size * training.gradient_accumulation_steps == 64
-    assert isinstance(training.learning_rate, float) and training.learning_rate == 1.5e-3
+    assert isinstance(training.learning_rate, float) and training.learning_rate == 1.0e-3
     assert (training.adam_beta1, training.adam_beta2) == (0.9, 0.95)
     assert training.weight_decay == 0.1 and 0 < training.warmup_steps < 0.11
+    assert training.lr_scheduler_type == "constant_with_warmup"
     assert training.optim == "adamw_torch_fused" and training.max_steps == -1  # derived later
 
 
