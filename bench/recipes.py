@@ -59,6 +59,7 @@ import yaml
 
 from bench.variants import run_variant
 from common.cli import InputError, entry_point, parse_args
+from common.corpus import CorpusArguments, resolve_sources
 from common.files import write_json_atomic
 from common.run_contract import GPT_SUMMARY_FILE, TENSORBOARD_DIR, TRAIN_LOSS
 from report.build import markdown_table
@@ -100,8 +101,9 @@ class Recipe:
             raise InputError("a linear schedule decays to 0 here; pass final_lr_fraction=0")
         if not 0 <= self.final_lr_fraction < 1 and self.schedule != "constant":
             raise InputError(
-                f"final_lr_fraction {self.final_lr_fraction} must be in [0, 1); "
-                "schedule=constant for no decay"
+                f"a {self.schedule} schedule decays to final_lr_fraction times the peak, which "
+                f"must be in [0, 1), not {self.final_lr_fraction:g}: add final_lr_fraction=F "
+                "(e.g. 0.1), or use schedule=constant for no decay"
             )
 
     def flags(self, num_steps: int) -> list[str]:
@@ -264,6 +266,8 @@ class RecipeBenchArguments:
                 raise InputError(f"--{name} {value} must be at least 1")
         if not self.seeds:
             raise InputError("--seeds needs at least one seed")
+        # Every run would fail on its own over a missing corpus: say it once, up front.
+        resolve_sources(CorpusArguments(corpus=self.corpus))
         missing = [path for path in self.tokenizer_dirs if not Path(path).is_dir()]
         if missing:
             raise InputError(

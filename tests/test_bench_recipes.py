@@ -119,6 +119,15 @@ def test_recipes_train_on_the_same_blocks_and_finished_runs_are_read_back(
 
 
 def test_an_unknown_recipe_is_one_error_line(capsys, tmp_path):
-    argv = ["--corpus", "c", "--tokenizer_dirs", str(tmp_path), "--recipes", "nanogpt"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("One document.\n")
+    argv = ["--corpus", str(corpus), "--tokenizer_dirs", str(tmp_path), "--recipes", "nanogpt"]
     assert recipes.main(argv) == 2
     assert capsys.readouterr().err.strip().startswith("error: unknown recipe 'nanogpt'")
+
+
+def test_a_missing_corpus_is_one_error_line_before_any_run(capsys, tmp_path):
+    argv = ["--corpus", str(tmp_path / "absent.txt"), "--tokenizer_dirs", str(tmp_path),
+            "--output_dir", str(tmp_path / "bench")]  # fmt: skip
+    assert recipes.main(argv) == 2
+    assert "absent.txt" in capsys.readouterr().err and not (tmp_path / "bench").exists()
