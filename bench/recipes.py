@@ -24,7 +24,9 @@ Not reproduced: nanoGPT's dropout 0.2 for Shakespeare (one pass over the data he
 uses dropout 0) and its linear layers without biases (transformers' GPT-2 always has them).
 
 A recipe can be varied in place, `NAME:field=value,...` with the fields of `Recipe`, e.g.
-`course:learning_rate=3.0e-3,final_lr_fraction=0` (one row each). With several
+`course:learning_rate=3.0e-3,schedule=cosine,final_lr_fraction=0` (one row each); schedules:
+cosine, linear, constant, and wsd (held, then a 1-sqrt cooldown over the last
+`decay_fraction` of the steps). With several
 `--tokenizer_dirs` every recipe runs with each tokenizer and the table compares vocabularies:
 bytes per token, training FLOPs per token and per byte of text (of the proxy, and of GPT-2
 117M with that vocabulary), loss per token and bits per byte.
