@@ -33,8 +33,9 @@ bytes per token, training FLOPs per token and per byte of text (of the proxy, an
 
 Columns per row: the validation loss (nats per token) of each seed, their mean and spread (max -
 min), bits per byte (mean), and the largest rise of the logged training loss above its running
-minimum (the worst seed): a loss spike. Raw results go to `<output_dir>/results.json`; a run
-whose folder already holds the summary of the same command is read back instead of rerun.
+minimum (the worst seed): a loss spike; then the recipe's settings. Raw results go to
+`<output_dir>/results.json`; a run whose folder already holds the summary of the same command
+is read back instead of rerun.
 
     python bench/recipes.py --corpus runs/bench/corpus/docstrings.txt \\
         --tokenizer_dirs runs/bench/tokenizer-8192 --output_dir runs/bench/recipes
@@ -43,6 +44,7 @@ whose folder already holds the summary of the same command is read back instead 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -63,8 +65,9 @@ from bench.variants import run_variant
 from common.cli import InputError, entry_point, parse_args
 from common.corpus import CorpusArguments, resolve_sources
 from common.files import write_json_atomic
-from common.run_contract import GPT_SUMMARY_FILE, TENSORBOARD_DIR, TRAIN_LOSS
+from common.run_contract import GPT_SUMMARY_FILE, TRAIN_LOSS
 from report.build import markdown_table
+from report.run_folder import load_run
 
 logger = logging.getLogger(__name__)
 
@@ -336,16 +339,9 @@ def train_run(command: list[str], run_dir: Path, num_threads: int) -> dict | Non
 
 
 def logged_training_losses(run_dir: Path) -> list[float]:
-    """The training losses the run logged to TensorBoard, in step order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    # TensorBoard's reader logs every event file it moves past at INFO.
-    logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    accumulator = EventAccumulator(str(run_dir / TENSORBOARD_DIR), size_guidance={"scalars": 0})
-    accumulator.Reload()
-    if TRAIN_LOSS not in accumulator.Tags()["scalars"]:
-        return []
-    return [event.value for event in sorted(accumulator.Scalars(TRAIN_LOSS), key=lambda e: e.step)]
+    """The training losses the run logged to TensorBoard, in step order (the report's reader)."""
+    losses = load_run(run_dir).scalars.get(TRAIN_LOSS)
+    return [] if losses is None else losses.values.tolist()
 
 
 def largest_loss_rise(losses: list[float]) -> float:
@@ -427,10 +423,12 @@ def run_result(args: RecipeBenchArguments, run: RunSpec, earlier: dict[str, dict
 
 def validation_tokens_per_byte(summary: dict) -> float:
     """Predicted validation tokens per byte of the text they stand for (the blocks' stats)."""
-    validation = summary["data"]["splits"]["validation"]
-    return validation["num_evaluated_tokens"] / validation["num_evaluated_bytes"]
+    from pretrain.summary import tokens_per_byte
+
+    return tokens_per_byte(summary["data"]["splits"]["validation"])
 
 
+@functools.cache
 def course_flops_per_token(tokenizer_dir: str, vocab_size: int) -> float:
     """Training FLOPs per token of the course's GPT-2 117M (1024 positions) with this
     vocabulary, by the formula run_summary.json uses; the weights are never allocated."""
@@ -446,17 +444,42 @@ def course_flops_per_token(tokenizer_dir: str, vocab_size: int) -> float:
     return flops_per_token(model, 1024)
 
 
+SETTINGS_HEADER = ("peak lr", "warmup", "schedule", "beta2", "weight decay", "clip")
+
+
+def settings_cells(settings: dict[str, Any]) -> list[str]:
+    """A recipe's settings as the table shows them, e.g. 1.0e-3 | 5% | cosine to 10%."""
+    schedule = settings["schedule"]
+    final = f"{settings['final_lr_fraction']:.0%}"
+    if schedule in ("cosine", "linear"):
+        schedule = f"{schedule} to {final}"
+    elif schedule == "wsd":
+        schedule = (
+            f"constant, then 1-sqrt to {final} over the last {settings['decay_fraction']:.0%}"
+        )
+    warmup = settings["warmup"]
+    return [
+        f"{settings['learning_rate']:.1e}".replace("e-0", "e-"),
+        f"{warmup * 100:.2g}%" if warmup < 1 else f"{warmup:g} steps",
+        schedule,
+        f"{settings['adam_beta2']:g}",
+        f"{settings['weight_decay']:g}",
+        f"{settings['max_grad_norm']:g}",
+    ]
+
+
 def format_table(results: list[dict], compare_vocabularies: bool) -> str:
     """One Markdown row per recipe (and tokenizer): losses per seed, mean, spread, and more."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for result in results:
         groups.setdefault((result["recipe"], result["tokenizer_dir"]), []).append(result)
     header = ["recipe", "validation loss per seed", "mean", "spread", "bits/byte",
-              "largest loss rise"]  # fmt: skip
+              "largest loss rise", *SETTINGS_HEADER]  # fmt: skip
     if compare_vocabularies:
         header[1:1] = ["vocabulary", "bytes/token"]
-        header += ["FLOPs/token", "FLOPs/byte", "117M FLOPs/token", "117M FLOPs/byte",
-                   "unigram entropy"]  # fmt: skip
+        header[-len(SETTINGS_HEADER):-len(SETTINGS_HEADER)] = [
+            "FLOPs/token", "FLOPs/byte", "117M FLOPs/token", "117M FLOPs/byte", "unigram entropy"
+        ]  # fmt: skip
     rows = []
     for (recipe, tokenizer_dir), group in groups.items():
         finished = [result for result in group if not result["failed"]]
@@ -474,13 +497,14 @@ def format_table(results: list[dict], compare_vocabularies: bool) -> str:
             f"{max(losses) - min(losses):.3f}",
             f"{statistics.mean(result['bits_per_byte'] for result in finished):.3f}",
             f"{max(result['largest_loss_rise'] for result in finished):.3f}",
+            *settings_cells(finished[0]["recipe_settings"]),
         ]
         if compare_vocabularies:
             first = finished[0]
             bytes_per_token = 1 / first["validation_tokens_per_byte"]
             course_flops = course_flops_per_token(tokenizer_dir, first["vocab_size"])
             row[1:1] = [f"{first['vocab_size']:,}", f"{bytes_per_token:.2f}"]
-            row += [
+            row[-len(SETTINGS_HEADER) : -len(SETTINGS_HEADER)] = [
                 f"{first['flops_per_token'] / 1e6:.1f}M",
                 f"{first['flops_per_token'] / bytes_per_token / 1e6:.2f}M",
                 f"{course_flops / 1e6:.0f}M",

@@ -182,8 +182,12 @@ def bits_per_byte(loss: float | None, validation: dict[str, Any]) -> float | Non
     """
     if loss is None or not validation["num_evaluated_bytes"]:
         return None
-    tokens_per_byte = validation["num_evaluated_tokens"] / validation["num_evaluated_bytes"]
-    return loss * tokens_per_byte / math.log(2)
+    return loss * tokens_per_byte(validation) / math.log(2)
+
+
+def tokens_per_byte(validation: dict[str, Any]) -> float:
+    """Predicted tokens per UTF-8 byte of the text they stand for, from a split's stats."""
+    return validation["num_evaluated_tokens"] / validation["num_evaluated_bytes"]
 
 
 def speed_settings(
