@@ -380,7 +380,9 @@ def run_result(args: RecipeBenchArguments, run: RunSpec, earlier: dict[str, dict
     command = run_command(args, run)
     previous = earlier.get(str(run.output_dir))
     summary_path = run.output_dir / GPT_SUMMARY_FILE
-    if previous and previous["command"] == command[1:] and summary_path.is_file():
+    # The flags alone: the interpreter and the checkout may live elsewhere on a rerun.
+    flags = command[2:]
+    if previous and previous["command"] == flags and summary_path.is_file():
         logger.info("%s: finished earlier, read back", run.output_dir)
         summary = json.loads(summary_path.read_text())
     else:
@@ -393,7 +395,7 @@ def run_result(args: RecipeBenchArguments, run: RunSpec, earlier: dict[str, dict
         "recipe_settings": dataclasses.asdict(run.recipe),
         "tokenizer_dir": run.tokenizer_dir,
         "seed": run.seed,
-        "command": command[1:],  # without the interpreter's path
+        "command": flags,
         "failed": summary is None,
     }
     if summary is not None:
