@@ -52,7 +52,7 @@ from common.run_contract import (
     PARALLELISM_COMPARISON_VERSION,
 )
 from common.system import hardware_description, library_versions
-from report.build import markdown_table
+from report.tables import markdown_table
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import yaml
 
 from bench.variants import run_variant, steady_step_seconds
 from common.cli import InputError, entry_point, parse_args
-from report.build import markdown_table
+from report.tables import markdown_table
 
 logger = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from common.run_contract import GPT_SUMMARY_FILE
 from common.tokenization import load_tokenizer
 from pretrain import run as pretrain_run
 from pretrain.batches import collate_blocks
-from pretrain.blocks.packing import load_blocks, prepare_blocks
+from pretrain.blocks.cache import load_blocks, prepare_blocks
 from pretrain.loss import use_chunked_loss
 from pretrain.model import build_model, build_model_config
 from tokenizer.train import TokenizerArguments, train_tokenizer

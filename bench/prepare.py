@@ -5,7 +5,7 @@
 
 Both start from the corpus path and end with blocks saved by `save_to_disk`, read with the same
 reader and the same tokenizer:
-- ours: `pretrain.blocks.packing.prepare_blocks` (fresh cache folder each time);
+- ours: `pretrain.blocks.cache.prepare_blocks` (fresh cache folder each time);
 - the recipe users copy from transformers' `examples/pytorch/language-modeling/run_clm.py`:
   `train_test_split`, `map(tokenize_function, batched=True)`, then `map(group_texts,
   batched=True)`, which concatenates Python lists per map batch, drops a remainder per batch
@@ -47,7 +47,7 @@ from common.corpus import CorpusArguments, iter_documents  # noqa: E402
 from common.system import hardware_description, library_versions  # noqa: E402
 from common.tokenization import load_tokenizer  # noqa: E402
 from pretrain.blocks.args import DataArguments  # noqa: E402
-from pretrain.blocks.packing import prepare_blocks, read_stats  # noqa: E402
+from pretrain.blocks.cache import prepare_blocks, read_stats  # noqa: E402
 from tokenizer.train import TokenizerArguments, train_tokenizer  # noqa: E402
 
 logger = logging.getLogger(__name__)

@@ -66,8 +66,8 @@ from common.cli import InputError, entry_point, parse_args
 from common.corpus import CorpusArguments, resolve_sources
 from common.files import write_json_atomic
 from common.run_contract import GPT_SUMMARY_FILE, TRAIN_LOSS
-from report.build import markdown_table
 from report.run_folder import load_run
+from report.tables import markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -437,7 +437,8 @@ def course_flops_per_token(tokenizer_dir: str, vocab_size: int) -> float:
     import torch
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
-    from pretrain.model import build_model_config, flops_per_token
+    from pretrain.metrics import flops_per_token
+    from pretrain.model import build_model_config
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = build_model_config("gpt2-117m", tokenizer, 1024, vocab_size=vocab_size)

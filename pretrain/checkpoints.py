@@ -1,8 +1,6 @@
-"""The run folder's guarantees: one run per folder, checkpoints that are whole or ignored, resume
-only of the same run, a final model written whole, saves that fail in one line.
+"""Checkpoints that are whole or ignored, resume only of the same run, and the faults that stop
+a run: a diverged loss, a signal to save and stop.
 
-- A run holds its folder's lock (`hold_run_folder`) for its lifetime; a second run into the same
-  folder is refused, naming the holder. The kernel drops the lock of a killed process.
 - Trainer writes `checkpoint-<step>/` file by file; `CheckpointManifestCallback` then records
   every file's size and checksum and what defines the run (`run_identity`) in
   `checkpoint_manifest.json`, written last and atomically. A checkpoint is complete when its
@@ -11,48 +9,45 @@ only of the same run, a final model written whole, saves that fail in one line.
   takes the newest complete one.
 - Resuming checks that the checkpoint's run is this run (same data, tokenizer, budget, global
   batch, model shape and schedule) and names the differences otherwise.
+- `DivergenceCallback` stops a run whose loss or gradient went NaN or infinite and saves nothing
+  of it; `CheckpointOnSignalCallback` saves a checkpoint and stops on SIGTERM or SIGUSR1.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
+import math
 import shutil
-import traceback
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
-from transformers import GPT2Config, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    GPT2Config,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 
-from common.cli import InputError, RunFailed
-from common.files import (
-    LOCK_FILE,
-    LockHeld,
-    damage_in,
-    exclusive_lock,
-    file_digests,
-    write_json_atomic,
-)
+from common.cli import InputError
+from common.files import damage_in, file_digests, write_json_atomic
 from common.run_contract import CHECKPOINT_MANIFEST_FILE, FINAL_MODEL_DIR, GPT_SUMMARY_FILE
 from pretrain.batches import BlockSchedule
-from pretrain.strategy import from_rank
+from pretrain.metrics import local_tensor
 
 logger = logging.getLogger(__name__)
 
 RESUME_AUTO = "auto"
+CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # Files that mark a finished run in the run folder.
 FINISHED_RUN_MARKERS = (GPT_SUMMARY_FILE, FINAL_MODEL_DIR)
-# The functions whose failure is a failed save (as opposed to a bug in training).
-SAVING_FUNCTIONS = frozenset(
-    {"_save_checkpoint", "save_model", "save_final_model", "write_json_atomic", "on_save"}
-)
 
 
 def checkpoint_global_step(checkpoint_dir: Path) -> int | None:
@@ -227,111 +222,115 @@ class CheckpointManifestCallback(TrainerCallback):
             )
 
 
-@contextmanager
-def hold_run_folder(output_dir: Path, training_args: TrainingArguments) -> Iterator[None]:
-    """One run per folder: the main process holds the folder's lock while the block runs, and
-    every process stops with one line naming the holder when another run has it.
+# --- Faults: a run that diverged, a signal to stop --------------------------------------------
 
-    A folder created here is removed again when the block fails before writing anything but
-    the lock (bad input found late), so a refused run leaves nothing behind.
+
+def divergence(readings: dict[str, float | None]) -> str | None:
+    """The readings that are NaN or infinite ("loss nan, grad_norm inf"), or None."""
+    bad = [
+        f"{name} {value}"
+        for name, value in readings.items()
+        if value is not None and not math.isfinite(value)
+    ]
+    return ", ".join(bad) or None
+
+
+class DivergenceCallback(TrainerCallback):
+    """Stop a run whose loss or gradient norm became NaN or infinite, at the logging step that
+    shows it, and save no checkpoint of the broken weights.
+
+    Both readings are the same on every process (the loss is averaged over them, the gradient
+    norm is the whole model's), so all stop at the same step. Under fp16 loss scaling an
+    infinite gradient is a skipped step, not a divergence: only the loss counts there.
     """
-    is_main = training_args.process_index == 0
-    created = is_main and not output_dir.exists()
-    with ExitStack() as stack:
-        refusal = None
-        if is_main:
-            try:
-                output_dir.mkdir(parents=True, exist_ok=True)
-                stack.enter_context(exclusive_lock(output_dir / LOCK_FILE, wait=False))
-            except LockHeld as held:
-                refusal = (
-                    f"output folder {output_dir} is in use by another run ({held.holder}); "
-                    "wait for it to end, or pass another --output_dir"
-                )
-            except OSError as err:
-                refusal = f"cannot write to output folder {output_dir}: {err.strerror}"
-        refusal = from_rank(0, refusal)
-        if refusal is not None:
-            raise InputError(refusal)
-        try:
-            yield
-        except BaseException:
-            if created and {path.name for path in output_dir.iterdir()} <= {LOCK_FILE}:
-                shutil.rmtree(output_dir, ignore_errors=True)
-            raise
+
+    def __init__(self) -> None:
+        self.diverged_at_step: int | None = None
+        self.reading: str | None = None
+
+    def on_log(self, args, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
+        if not logs or self.diverged_at_step is not None:
+            return
+        readings = {"loss": logs.get("loss")}
+        if not args.fp16:
+            readings["grad_norm"] = logs.get("grad_norm")
+        reading = divergence(readings)
+        if reading is None:
+            return
+        self.diverged_at_step, self.reading = state.global_step, reading
+        logger.error("training diverged at step %d (%s): stopping", state.global_step, reading)
+        control.should_training_stop = True
+        control.should_save = False
+
+    def on_train_end(
+        self, args, state: TrainerState, control: TrainerControl, model=None, **kwargs
+    ):
+        # The logs can miss it (NaN steps logged as 0 by --logging_nan_inf_filter, a skipped
+        # fp16 step): the weights cannot.
+        if self.diverged_at_step is None and not weights_are_finite(model, args.device):
+            self.diverged_at_step, self.reading = state.global_step, "weights nan or inf"
+            logger.error("the weights are not finite after step %d", state.global_step)
 
 
-@contextmanager
-def failed_saves_in_one_line(
-    output_dir: Path, checkpoint_bytes: int, is_main: bool
-) -> Iterator[None]:
-    """Turn a save that fails (a checkpoint, the final model, the summary) into `RunFailed`:
-    one line naming the folder and the cause, the unfinished checkpoint removed. Other
-    exceptions pass through unchanged.
+def weights_are_finite(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether every parameter (this process's shard of it) is finite, on all processes."""
+    finite = all(torch.isfinite(local_tensor(p)).all() for p in model.parameters())
+    flag = torch.tensor([int(finite)], device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
-    `checkpoint_bytes` is about what a checkpoint takes: a failure while the disk has less than
-    that free is a full disk, whatever the writer's own message says (torch's zip writer says
-    "unexpected pos", safetensors an I/O error).
+
+class CheckpointOnSignalCallback(TrainerCallback):
+    """Save a checkpoint and stop cleanly when SIGTERM or SIGUSR1 arrives.
+
+    Slurm sends the signal chosen with `#SBATCH --signal=USR1@90` before the time limit, and
+    SIGTERM on `scancel` or preemption. The handler only sets a flag; at the end of the current
+    optimizer step the callback asks Trainer to save and stop. With several processes, every
+    rank must stop at the same step (or the others would wait forever in the next all-reduce),
+    so the ranks agree through one small all-reduce every `--logging_steps` steps, when Trainer
+    synchronises anyway; a single process checks after every step.
     """
-    try:
-        yield
-    except Exception as err:
-        if not _raised_while_saving(err):
-            raise
-        cause = _save_failure_cause(err, output_dir, checkpoint_bytes)
-        removed = []
-        if is_main:
-            removed = [
-                path.name for path in list_checkpoints(output_dir) if not read_manifest(path)
-            ]
-            for name in removed:
-                shutil.rmtree(output_dir / name, ignore_errors=True)
-        kept = f"; removed the unfinished {', '.join(removed)}" if removed else ""
-        raise RunFailed(
-            f"cannot save in {output_dir}: {cause}{kept}; free space (or pass another "
-            f"--output_dir) and continue with --resume_from_checkpoint {RESUME_AUTO}"
-        ) from err
 
+    def __init__(self, signals: tuple[signal.Signals, ...] = CHECKPOINT_SIGNALS) -> None:
+        self.signals = signals
+        self.received: signal.Signals | None = None
+        self.stopped_at_step: int | None = None
+        self._previous_handlers: dict[signal.Signals, object] = {}
 
-def _raised_while_saving(err: BaseException) -> bool:
-    names = {frame.name for frame in traceback.extract_tb(err.__traceback__)}
-    return bool(names & SAVING_FUNCTIONS)
-
-
-def _save_failure_cause(err: BaseException, output_dir: Path, checkpoint_bytes: int) -> str:
-    chain, seen = [], err
-    while seen is not None and seen not in chain:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    for exception in chain:
-        if isinstance(exception, OSError) and exception.errno:
-            return os.strerror(exception.errno).lower() + (
-                f" ({exception.filename})" if exception.filename else ""
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum)
+            logger.warning(
+                "received %s: saving a checkpoint at the end of this step", self.received.name
             )
-    free = shutil.disk_usage(output_dir).free
-    if free < checkpoint_bytes:
-        return (
-            f"{os.strerror(errno.ENOSPC).lower()} ({free / 2**20:,.1f} MiB free, a checkpoint "
-            f"takes about {checkpoint_bytes / 2**20:,.1f} MiB)"
-        )
-    return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
 
+    def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("not in the main thread: no checkpoint on SIGTERM/SIGUSR1")
+            return
+        for sig in self.signals:
+            self._previous_handlers[sig] = signal.signal(sig, self._handle)
 
-def save_final_model(trainer: Trainer, final_dir: Path) -> None:
-    """Model (safetensors) + tokenizer into `final_dir`, which appears only when complete."""
-    staging_dir = final_dir.with_name(f".{final_dir.name}.tmp")
-    if trainer.is_world_process_zero() and staging_dir.exists():
-        shutil.rmtree(staging_dir)
-    trainer.accelerator.wait_for_everyone()
-    try:
-        trainer.save_model(str(staging_dir))  # every rank: FSDP gathers the shards here
-    except BaseException:
-        if trainer.is_world_process_zero():
-            shutil.rmtree(staging_dir, ignore_errors=True)
-        raise
-    trainer.accelerator.wait_for_everyone()
-    if trainer.is_world_process_zero():
-        if final_dir.exists():
-            shutil.rmtree(final_dir)
-        staging_dir.rename(final_dir)
-        logger.info("final model and tokenizer saved in %s", final_dir)
+    def _signal_on_any_rank(self, args: TrainingArguments) -> signal.Signals | None:
+        signum = torch.tensor([int(self.received or 0)], device=args.device)
+        dist.all_reduce(signum, op=dist.ReduceOp.MAX)
+        return signal.Signals(int(signum.item())) if signum.item() else None
+
+    def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            if state.global_step % max(int(args.logging_steps), 1) != 0:
+                return
+            agreed = self._signal_on_any_rank(args)
+            if agreed is None:
+                return
+            self.received = agreed
+        if self.received is not None and state.global_step < state.max_steps:
+            self.stopped_at_step = state.global_step
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()

@@ -11,7 +11,6 @@ reads once, a model attribute, its log lines), each in one function below with i
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packaging.specifiers import SpecifierSet
+
+from pretrain.parallel.strategy import honour_sharding_plugins_on_cpu
 
 if TYPE_CHECKING:
     from torch import nn
@@ -43,45 +44,6 @@ class LibraryFix:
         return self.versions.contains(installed_version, prereleases=True)
 
 
-def _honour_sharding_plugins_on_cpu() -> None:
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType
-
-    original_init = AcceleratorState.__init__
-    if getattr(original_init, "honours_sharding_on_cpu", False):
-        return
-    signature = inspect.signature(original_init)
-
-    @functools.wraps(original_init)
-    def init(self, *args, **kwargs):
-        first_initialisation = not AcceleratorState._shared_state
-        original_init(self, *args, **kwargs)
-        if not first_initialisation or self.distributed_type != DistributedType.MULTI_CPU:
-            return
-        plugins = signature.bind(self, *args, **kwargs).arguments
-        deepspeed_plugin, fsdp_plugin = plugins.get("deepspeed_plugin"), plugins.get("fsdp_plugin")
-        # What AcceleratorState does for the GPU distributed types, on gloo CPU processes.
-        if deepspeed_plugin is not None:
-            selectable = (
-                deepspeed_plugin if isinstance(deepspeed_plugin, dict) else {"": deepspeed_plugin}
-            )
-            for plugin in selectable.values():
-                plugin.set_mixed_precision(self._mixed_precision)
-            next(iter(selectable.values())).select(_from_accelerator_state=True)
-            self.deepspeed_plugins = deepspeed_plugin
-            self.distributed_type = DistributedType.DEEPSPEED
-            self._mixed_precision = "no"  # DeepSpeed's own config carries the precision
-        elif fsdp_plugin is not None:
-            if self._mixed_precision != "no":
-                fsdp_plugin.set_mixed_precision(self._mixed_precision)
-            self.fsdp_plugin = fsdp_plugin
-            self.distributed_type = DistributedType.FSDP
-        PartialState._shared_state["distributed_type"] = self.distributed_type
-
-    init.honours_sharding_on_cpu = True
-    AcceleratorState.__init__ = init
-
-
 FIXES = (
     LibraryFix(
         name="sharding plugins on CPU processes",
@@ -91,7 +53,7 @@ FIXES = (
             "AcceleratorState switches to FSDP or DeepSpeed only from GPU-class distributed "
             "types, so on gloo CPU processes it drops the plugin and trains as plain DDP"
         ),
-        apply=_honour_sharding_plugins_on_cpu,
+        apply=honour_sharding_plugins_on_cpu,
     ),
 )
 

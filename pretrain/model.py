@@ -117,27 +117,3 @@ def count_parameters(model: GPT2LMHeadModel, exclude_position_embeddings: bool =
     if exclude_position_embeddings:
         total -= model.transformer.wpe.weight.numel()
     return total
-
-
-def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:
-    """Training FLOPs per token (forward + backward), the PaLM appendix B estimate.
-
-    6 N + 12 L d T, where N counts the parameters that take part in matmuls (all but the
-    position embeddings; the tied token embedding counts once because the output layer
-    multiplies by it, 2 V d FLOPs per token forward), L layers, d = heads x head size the
-    model width, T the sequence length (attention scores and weighted values, full square
-    as is customary although the causal half would suffice).
-    """
-    config = model.config
-    num_matmul_parameters = count_parameters(model, exclude_position_embeddings=True)
-    return 6 * num_matmul_parameters + 12 * config.n_layer * config.n_embd * sequence_length
-
-
-def model_flops_utilization(
-    tokens_per_second: float | None, flops_per_token: float, peak_flops_per_second: float | None
-) -> float | None:
-    """Model FLOPs utilisation: the training FLOP/s the tokens took (`flops_per_token`) over
-    the devices' peak; None without a speed or a known peak (e.g. on CPU)."""
-    if tokens_per_second is None or peak_flops_per_second is None:
-        return None
-    return tokens_per_second * flops_per_token / peak_flops_per_second

@@ -34,44 +34,43 @@ from common.tokenization import load_tokenizer
 from pretrain.args import ModelArguments, PretrainArguments, ReportArguments
 from pretrain.batches import BlockSchedule, collate_blocks, global_batch_blocks
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.packing import copy_document_split, load_blocks, prepare_blocks, read_stats
-from pretrain.callbacks import (
-    CheckpointOnSignalCallback,
-    DivergenceCallback,
-    FootprintCallback,
-    LoopClock,
-    ThroughputCallback,
-    continue_tensorboard_log,
-    find_tensorboard_callback,
-)
+from pretrain.blocks.cache import copy_document_split, load_blocks, prepare_blocks, read_stats
 from pretrain.checkpoints import (
     RESUME_AUTO,
     CheckpointManifestCallback,
+    CheckpointOnSignalCallback,
+    DivergenceCallback,
     check_same_run,
     checkpoint_global_step,
-    failed_saves_in_one_line,
     finished_run_summary,
-    hold_run_folder,
     resolve_resume_checkpoint,
     run_identity,
-    save_final_model,
 )
-from pretrain.gpu import job_peak_flops_per_second
 from pretrain.library_fixes import (
     apply_library_fixes,
     quiet_deepspeed_cpu_notice,
     trainer_creation_environment,
 )
 from pretrain.loss import use_chunked_loss
-from pretrain.model import build_model, count_parameters, flops_per_token
-from pretrain.precision import PrecisionChoice, resolve_precision
-from pretrain.strategy import (
+from pretrain.metrics import (
+    FootprintCallback,
+    LoopClock,
+    ThroughputCallback,
+    continue_tensorboard_log,
+    find_tensorboard_callback,
+    flops_per_token,
+    job_peak_flops_per_second,
+)
+from pretrain.model import build_model, count_parameters
+from pretrain.parallel.strategy import (
     Request,
     check_processes_joined,
     check_request_fits_device,
     check_strategy,
     requested_strategy,
 )
+from pretrain.precision import PrecisionChoice, resolve_precision
+from pretrain.run_folder import failed_saves_in_one_line, hold_run_folder, save_final_model
 from pretrain.summary import (
     LoopResult,
     RunSetup,

@@ -22,8 +22,8 @@ from common.run_contract import GPT_SUMMARY_VERSION
 from common.system import hardware_description, library_versions
 from pretrain.args import ModelArguments
 from pretrain.batches import BlockSchedule
-from pretrain.model import model_flops_utilization
-from pretrain.strategy import Strategy
+from pretrain.metrics import model_flops_utilization
+from pretrain.parallel.strategy import Strategy
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class RunSetup:
     schedule: BlockSchedule
     data: dict[str, Any]  # the packed-block cache folder and its stats.json
     num_parameters: int
-    flops_per_token: float  # pretrain.model.flops_per_token
+    flops_per_token: float  # pretrain.metrics.flops_per_token
     peak_flops_per_second: float | None  # the whole job's: one device's peak x devices
     strategy: Strategy
     accelerator_state: str
@@ -53,7 +53,7 @@ class LoopResult:
     eval_loss: float | None
     loop_seconds: float | None  # this session's loop, first step included
     first_step_seconds: float | None  # carries torch.compile's work and the device's warm-up
-    ranks: list[dict[str, Any]]  # pretrain.footprint records, in rank order
+    ranks: list[dict[str, Any]]  # pretrain.metrics.rank_footprint records, in rank order
     replica_checksums: list[str] | None  # one per process; None when parameters are sharded
     # What a strategy verifies about itself (the pipeline: its two copies of the tied weight).
     checks: dict[str, float] = field(default_factory=dict)

@@ -23,14 +23,12 @@ from common.cli import InputError
 from common.corpus import CorpusArguments, document_hashes, iter_documents
 from common.tokenization import tokenize_documents
 from pretrain.blocks.args import DataArguments
+from pretrain.blocks.cache import load_blocks, prepare_blocks, read_stats
 from pretrain.blocks.packing import (
     STATS_FILE,
     choose_validation_documents,
-    load_blocks,
     num_budget_blocks,
     pack_blocks,
-    prepare_blocks,
-    read_stats,
     select_training_blocks,
     unigram_entropy,
 )
@@ -321,7 +319,7 @@ def test_a_cache_hit_loads_no_model_loss_or_tokenizer_library(built, corpus_args
 def test_second_run_reuses_the_cache(built, corpus_args, caplog):
     data_args, folder = built
     before = file_mtimes(folder)
-    with caplog.at_level(logging.INFO, logger="pretrain.blocks.packing"):
+    with caplog.at_level(logging.INFO, logger="pretrain.blocks.cache"):
         again = prepare_blocks(corpus_args, data_args)
     assert again == folder
     assert file_mtimes(folder) == before
@@ -368,7 +366,7 @@ def test_interrupted_build_leaves_nothing_and_is_never_reused(
     leftover = tmp_path / f".{built[1].name}.tmp-killed"
     leftover.mkdir()
     (leftover / "dataset_dict.json").write_text('{"splits": ["train"]}')
-    with caplog.at_level(logging.WARNING, logger="pretrain.blocks.packing"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.blocks.cache"):
         folder = prepare_blocks(corpus_args, args)
     assert folder.name == built[1].name
     assert (folder / STATS_FILE).is_file()

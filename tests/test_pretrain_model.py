@@ -9,12 +9,12 @@ from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 from common.cli import InputError
 from pretrain.batches import collate_blocks
+from pretrain.metrics import flops_per_token
 from pretrain.model import (
     PRESETS,
     build_model,
     build_model_config,
     count_parameters,
-    flops_per_token,
     round_vocab_size,
 )
 

@@ -19,7 +19,7 @@ from transformers import GPT2LMHeadModel
 from common.cli import InputError
 from common.run_contract import GRAD_NORM, TRAIN_LOSS
 from common.tokenization import load_tokenizer
-from pretrain.footprint import parameter_bytes
+from pretrain.metrics import parameter_bytes
 from pretrain.model import build_model_config
 from pretrain.parallel.pipeline import check_pipeline_arguments, stage_layers
 from pretrain.parallel.train import ParallelArguments

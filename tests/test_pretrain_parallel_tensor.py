@@ -21,7 +21,7 @@ from transformers.pytorch_utils import Conv1D
 from common.cli import InputError
 from common.run_contract import GRAD_NORM, TRAIN_LOSS
 from common.tokenization import load_tokenizer
-from pretrain.footprint import parameter_bytes
+from pretrain.metrics import parameter_bytes
 from pretrain.model import build_model_config
 from pretrain.parallel.tensor import (
     check_tensor_parallel_size,

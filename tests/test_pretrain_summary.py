@@ -10,7 +10,7 @@ import time
 from common.files import write_json_atomic
 from common.run_contract import GPT_REQUIRED_KEYS, GPT_SUMMARY_VERSION
 from pretrain.batches import BlockSchedule
-from pretrain.strategy import Strategy
+from pretrain.parallel.strategy import Strategy
 from pretrain.summary import LoopResult, RunSetup, final_training_loss, headline, run_summary
 
 VALIDATION = {"num_evaluated_tokens": 250, "num_evaluated_bytes": 1000}

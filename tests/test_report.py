@@ -19,7 +19,7 @@ from matplotlib import image as mpimg
 
 from common import run_contract as contract
 from common.cli import InputError
-from report import build
+from report import build, sections
 from report.__main__ import main as run_report
 from report.run_folder import find_event_dirs, load_run
 
@@ -158,13 +158,13 @@ def test_gpt_report_numbers_equal_the_summary(gpt_run_dir, gpt_report_dir):
     results = table_after(markdown, "## GPT-2 pretraining")
     assert_rows_show_required_keys(
         results,
-        build.GPT_ROWS,
+        sections.GPT_ROWS,
         summary,
         contract.GPT_REQUIRED_KEYS,
         not_in_table=("summary_version", "accelerator_state"),
     )
     assert summary["accelerator_state"].strip() in markdown
-    (verdict_cell,) = results[label_of(build.GPT_ROWS, "verdict")]
+    (verdict_cell,) = results[label_of(sections.GPT_ROWS, "verdict")]
     assert verdict_cell == ("pass" if summary["final_loss"] < summary["loss_threshold"] else "fail")
 
     speed = table_after(markdown, "### Speed settings in force")
@@ -184,7 +184,7 @@ def test_gpt_report_figures(gpt_run_dir, gpt_report_dir):
     # GPU curves only when the run sampled a GPU (not on a CPU test machine).
     assert ("gpt_gpu.png" in figures) == (contract.GPU_UTILIZATION in load_run(gpt_run_dir).scalars)
     assert "Notes" not in markdown, "a finished run needs no notes"
-    assert build.NO_PEAK_FLOPS not in markdown, "the run was given a peak, so it has an MFU"
+    assert sections.NO_PEAK_FLOPS not in markdown, "the run was given a peak, so it has an MFU"
 
 
 def test_run_without_peak_flops_has_no_empty_mfu_panel(
@@ -195,9 +195,9 @@ def test_run_without_peak_flops_has_no_empty_mfu_panel(
     out = tmp_path / "report"
     assert run_report([str(gpt_cpu_run_dir), "--out", str(out)]) == 0
     markdown = (out / build.REPORT_FILE).read_text()
-    assert f"MFU of `gpt_cpu`: not shown, {build.NO_PEAK_FLOPS}" in markdown
+    assert f"MFU of `gpt_cpu`: not shown, {sections.NO_PEAK_FLOPS}" in markdown
     results = table_after(markdown, "## GPT-2 pretraining")
-    assert results[label_of(build.GPT_ROWS, "mfu")] == ["n/a"]
+    assert results[label_of(sections.GPT_ROWS, "mfu")] == ["n/a"]
     # The throughput figure holds the tokens/s panel alone: half as wide as with the MFU panel.
     alone = assert_png_not_blank(out / "gpt_throughput.png")
     with_mfu = mpimg.imread(gpt_report_dir / "gpt_throughput.png")
@@ -209,7 +209,7 @@ def test_run_without_peak_flops_has_no_empty_mfu_panel(
     assert run_report([str(gpt_run_dir), str(gpt_cpu_run_dir), "--out", str(out)]) == 0
     markdown = (out / build.REPORT_FILE).read_text()
     assert mpimg.imread(out / "gpt_throughput.png").shape == with_mfu.shape
-    assert f"MFU of `gpt_cpu`: not shown, {build.NO_PEAK_FLOPS}" in markdown
+    assert f"MFU of `gpt_cpu`: not shown, {sections.NO_PEAK_FLOPS}" in markdown
     assert "MFU of `gpt_tiny`" not in markdown
 
 
@@ -254,12 +254,12 @@ def test_probe_results_are_reported_with_the_confusion_matrix(gpt_run_dir, tmp_p
     for method, scores in results["methods"].items():
         cells = dict(
             zip(
-                ["classifier", *(label for label, _ in build.PROBE_COLUMNS)],
+                ["classifier", *(label for label, _ in sections.PROBE_COLUMNS)],
                 table[f"`{method}`"],
                 strict=True,
             )
         )
-        for label, key in build.PROBE_COLUMNS:
+        for label, key in sections.PROBE_COLUMNS:
             assert_cell_shows(cells[label], scores[key], key)
     assert_cell_shows(table["chance"][1], results["chance"]["majority_class_accuracy"], "chance")
     assert results["pretraining_overlap"]["verdict"] in markdown
@@ -285,7 +285,9 @@ def test_mnist_report_numbers_and_figures(mnist_pytorch_run, mnist_report_dir):
     metrics = json.loads((mnist_pytorch_run / contract.MNIST_METRICS_FILE).read_text())
     markdown = (mnist_report_dir / build.REPORT_FILE).read_text()
     results = table_after(markdown, "## LeNet-5 on MNIST")
-    assert_rows_show_required_keys(results, build.MNIST_ROWS, metrics, contract.MNIST_REQUIRED_KEYS)
+    assert_rows_show_required_keys(
+        results, sections.MNIST_ROWS, metrics, contract.MNIST_REQUIRED_KEYS
+    )
     # The settings of one run: the options that hold a value, none shown as n/a.
     config = metrics["config"]
     assert None in config.values(), "the run should leave an option unset (e.g. data_dir)"
@@ -314,10 +316,10 @@ def test_overlay_of_runs(
     markdown = (out / build.REPORT_FILE).read_text()
     # One column per run of each kind, in the order given.
     results = table_after(markdown, "## LeNet-5 on MNIST")
-    assert results[label_of(build.MNIST_ROWS, "trainer")] == ["pytorch", "lightning"]
+    assert results[label_of(sections.MNIST_ROWS, "trainer")] == ["pytorch", "lightning"]
     metrics = [json.loads((d / contract.MNIST_METRICS_FILE).read_text()) for d in run_dirs[:2]]
     for run_metrics, cell in zip(
-        metrics, results[label_of(build.MNIST_ROWS, "test_accuracy")], strict=True
+        metrics, results[label_of(sections.MNIST_ROWS, "test_accuracy")], strict=True
     ):
         assert_cell_shows(cell, run_metrics["test_accuracy"], "acc")
     # Settings: a table of the options that differ, one line naming those set alike.
@@ -334,7 +336,7 @@ def test_overlay_of_runs(
     assert re.findall(r"`(\w+)`", alike_line) == alike
     assert f"`epochs` {configs[0]['epochs']}," in alike_line
     gpt_results = table_after(markdown, "## GPT-2 pretraining")
-    assert len(gpt_results[label_of(build.GPT_ROWS, "final_loss")]) == 1
+    assert len(gpt_results[label_of(sections.GPT_ROWS, "final_loss")]) == 1
     # Shared curve figures, and a confusion matrix per run.
     for run_dir in run_dirs[:2]:
         assert f"mnist_confusion_matrix_{run_dir.name}.png" in embedded_figures(markdown)
@@ -417,7 +419,7 @@ def test_run_in_progress_is_reported_from_its_events(gpt_run_dir, tmp_path):
     markdown = path.read_text()
     assert "unfinished" in markdown
     results = table_after(markdown, "## GPT-2 pretraining")
-    assert results[label_of(build.GPT_ROWS, "final_loss")] == ["n/a"]
+    assert results[label_of(sections.GPT_ROWS, "final_loss")] == ["n/a"]
     assert_png_not_blank(path.parent / "gpt_loss.png")
 
 
@@ -434,9 +436,11 @@ def test_older_summary_version_and_missing_keys(gpt_run_dir, tmp_path):
     assert "summary_version 0" in markdown
     assert "lacks mfu, speed_settings" in markdown
     results = table_after(markdown, "## GPT-2 pretraining")
-    assert results[label_of(build.GPT_ROWS, "mfu")] == ["n/a"]
+    assert results[label_of(sections.GPT_ROWS, "mfu")] == ["n/a"]
     assert_cell_shows(
-        results[label_of(build.GPT_ROWS, "tokens_trained")][0], summary["tokens_trained"], "tokens"
+        results[label_of(sections.GPT_ROWS, "tokens_trained")][0],
+        summary["tokens_trained"],
+        "tokens",
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from common.cli import entry_point, parse_args
 from common.corpus import CorpusArguments
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.packing import prepare_blocks
+from pretrain.blocks.cache import prepare_blocks
 
 
 @entry_point

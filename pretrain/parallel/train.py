@@ -64,19 +64,23 @@ from common.tokenization import load_tokenizer
 from pretrain.args import ModelArguments, ReportArguments, resolved_options
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.packing import copy_document_split, load_blocks, prepare_blocks, read_stats
-from pretrain.callbacks import LoopClock, divergence
-from pretrain.checkpoints import hold_run_folder
-from pretrain.footprint import gather_footprints, rank_footprint
-from pretrain.gpu import job_peak_flops_per_second
-from pretrain.model import build_model, count_parameters, flops_per_token
+from pretrain.blocks.cache import copy_document_split, load_blocks, prepare_blocks, read_stats
+from pretrain.checkpoints import divergence
+from pretrain.metrics import LoopClock, flops_per_token, job_peak_flops_per_second, rank_footprint
+from pretrain.model import build_model, count_parameters
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
     build_gpt2_pipeline,
     check_pipeline_arguments,
 )
+from pretrain.parallel.strategy import (
+    Strategy,
+    check_processes_joined,
+    from_rank,
+    gather_footprints,
+)
 from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
-from pretrain.strategy import Strategy, check_processes_joined, from_rank
+from pretrain.run_folder import hold_run_folder
 from pretrain.summary import (
     LoopResult,
     RunSetup,

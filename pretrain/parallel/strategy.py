@@ -11,6 +11,8 @@ right after, before the first step.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType
 from transformers import TrainingArguments
 
@@ -177,3 +180,48 @@ def from_rank(source_rank: int, value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=source_rank)
     return box[0]
+
+
+def gather_footprints(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every process's record, in rank order, on every process (a collective: all call it)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [record]
+    records: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(records, record)
+    return records
+
+
+def honour_sharding_plugins_on_cpu() -> None:
+    original_init = AcceleratorState.__init__
+    if getattr(original_init, "honours_sharding_on_cpu", False):
+        return
+    signature = inspect.signature(original_init)
+
+    @functools.wraps(original_init)
+    def init(self, *args, **kwargs):
+        first_initialisation = not AcceleratorState._shared_state
+        original_init(self, *args, **kwargs)
+        if not first_initialisation or self.distributed_type != DistributedType.MULTI_CPU:
+            return
+        plugins = signature.bind(self, *args, **kwargs).arguments
+        deepspeed_plugin, fsdp_plugin = plugins.get("deepspeed_plugin"), plugins.get("fsdp_plugin")
+        # What AcceleratorState does for the GPU distributed types, on gloo CPU processes.
+        if deepspeed_plugin is not None:
+            selectable = (
+                deepspeed_plugin if isinstance(deepspeed_plugin, dict) else {"": deepspeed_plugin}
+            )
+            for plugin in selectable.values():
+                plugin.set_mixed_precision(self._mixed_precision)
+            next(iter(selectable.values())).select(_from_accelerator_state=True)
+            self.deepspeed_plugins = deepspeed_plugin
+            self.distributed_type = DistributedType.DEEPSPEED
+            self._mixed_precision = "no"  # DeepSpeed's own config carries the precision
+        elif fsdp_plugin is not None:
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            self.distributed_type = DistributedType.FSDP
+        PartialState._shared_state["distributed_type"] = self.distributed_type
+
+    init.honours_sharding_on_cpu = True
+    AcceleratorState.__init__ = init

@@ -10,7 +10,7 @@ from accelerate.utils import DeepSpeedPlugin
 from transformers import TrainingArguments
 
 from common.cli import InputError
-from pretrain.strategy import (
+from pretrain.parallel.strategy import (
     DATA_PARALLEL,
     SINGLE_PROCESS,
     Request,

@@ -1,0 +1,229 @@
+"""The packed-block cache: tokenize the corpus once and keep its blocks as Arrow, reused while
+its inputs are the same and its files whole.
+
+    prepare-blocks --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer \\
+        --max_train_tokens 12000000
+
+The cache folder's name is a hash of the corpus fingerprint, the tokenizer files' bytes, the
+block size, the split and budget settings and `PIPELINE_VERSION`; the folder is written under a
+temporary name and renamed when complete, so a build that was interrupted is never reused.
+`stats.json` inside it records the counts (documents, tokens, bytes per split), the dropped
+remainders, the unigram entropy of the training stream in nats (the loss of the best model
+that ignores context) and, last, the size and checksum of every other file: each reuse checks
+them, and a damaged cache (a truncated or overwritten file) is built again. One process builds
+a given cache at a time (a lock beside it); the others wait and reuse it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import datasets
+import psutil
+
+from common.cli import InputError
+from common.corpus import CorpusArguments, corpus_fingerprint
+from common.files import atomic_dir, damage_in, exclusive_lock
+from common.run_contract import DOCUMENT_SPLIT_FILE
+from common.tokenization import check_tokenizer_dir, load_tokenizer
+from pretrain.blocks.args import DataArguments
+from pretrain.blocks.packing import PIPELINE_VERSION, STATS_FILE, build_blocks
+
+logger = logging.getLogger(__name__)
+
+CACHE_FOLDER_PREFIX = "blocks"
+# The files that define a tokenizer (whichever of them a folder has); model weights saved in the
+# same folder do not change the token ids and are not hashed.
+TOKENIZER_FILE_NAMES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+
+
+def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, tokenizer=None) -> Path:
+    """Build (or reuse) the Arrow cache of packed blocks; return its folder.
+
+    `tokenizer` is the one loaded from `data_args.tokenizer_dir` when the caller already has
+    it; otherwise it is loaded only when the blocks must be built (a cache hit needs only the
+    tokenizer files' bytes). Every check that needs no tokenization runs first. Raises
+    InputError on bad input.
+    """
+    check_tokenizer_dir(data_args.tokenizer_dir)
+    cache_root = Path(data_args.cache_dir)
+    check_writable(cache_root)
+    fingerprint = corpus_fingerprint(corpus_args)
+    tokenizer_digest = tokenizer_files_digest(data_args.tokenizer_dir)
+    key = cache_key(fingerprint, tokenizer_digest, data_args)
+    folder = cache_root / f"{CACHE_FOLDER_PREFIX}-{data_args.block_size}-{key}"
+    # One process builds a cache folder at a time; the others wait, then reuse it.
+    with exclusive_lock(cache_root / f".{folder.name}.lock", wait=True):
+        if (folder / STATS_FILE).is_file():
+            damage = cache_damage(folder)
+            if damage is None:
+                logger.info("reusing packed blocks in %s", folder)
+                return folder
+            logger.warning(
+                "packed blocks in %s are damaged (%s): building them again", folder, damage
+            )
+            shutil.rmtree(folder)
+        elif folder.exists():
+            raise InputError(
+                f"cache folder {folder} exists but has no {STATS_FILE} (not written by this "
+                "program); delete it and run again"
+            )
+        context = {
+            "cache_key": key,
+            "corpus_fingerprint": fingerprint,
+            "tokenizer_files_sha256": tokenizer_digest,
+        }
+        build_cache(folder, corpus_args, data_args, tokenizer, context)
+    return folder
+
+
+def build_cache(
+    folder: Path,
+    corpus_args: CorpusArguments,
+    data_args: DataArguments,
+    tokenizer,
+    context: dict[str, Any],
+) -> None:
+    """Build the cache into a temporary folder and rename it to `folder` when complete."""
+    cache_root = folder.parent
+    unfinished = sorted(cache_root.glob(f".{CACHE_FOLDER_PREFIX}-*.tmp-*"))
+    if unfinished:
+        logger.warning(
+            "ignoring %d unfinished cache folder(s) (%s): left by interrupted builds, or "
+            "being written by a build still running; delete them once none runs",
+            len(unfinished),
+            ", ".join(path.name for path in unfinished),
+        )
+    if tokenizer is None:
+        tokenizer = load_tokenizer(data_args.tokenizer_dir)
+    with atomic_dir(folder) as tmp_dir, stop_at_once_on_termination(tmp_dir):
+        build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
+    logger.info("packed blocks saved in %s", folder)
+
+
+def cache_damage(folder: Path) -> str | None:
+    """Why a cache folder no longer holds what was written into it, or None when it does."""
+    try:
+        recorded = read_stats(folder)["files"]
+    except (ValueError, KeyError):
+        return f"{STATS_FILE} is unreadable"
+    return damage_in(folder, recorded)
+
+
+@contextmanager
+def stop_at_once_on_termination(unfinished_dir: Path) -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGUSR1 (Slurm's warning before the time limit) stop
+    the process at once with exit code 128 + signal, its child processes (`datasets`' workers
+    and the manager process it starts) ended first and `unfinished_dir` removed.
+
+    An exception raised from the handler is not enough: the worker pool's shutdown can swallow
+    it, replace it with its own traceback, or keep the exit waiting for its manager forever.
+    The children are killed last and the process exits right after, so that the pool has no
+    time to start replacements; a forked worker that inherited this handler does the same.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame) -> None:
+        if os.getpid() == main_pid:
+            logger.warning(
+                "stopped by %s while preparing blocks; nothing was kept",
+                signal.Signals(signum).name,
+            )
+            shutil.rmtree(unfinished_dir, ignore_errors=True)
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+        os._exit(128 + signum)
+
+    main_pid = os.getpid()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
+    """The splits "train" and "validation": one column "input_ids" (int32 on disk, length
+    block_size), in torch format (batches come out as int64 tensors)."""
+    cache_dir = Path(cache_dir)
+    if not (cache_dir / STATS_FILE).is_file():
+        raise InputError(
+            f"{cache_dir} is not a packed-block cache (no {STATS_FILE}); "
+            "make one with `prepare-blocks`"
+        )
+    blocks = datasets.load_from_disk(str(cache_dir))
+    return blocks.with_format("torch")
+
+
+def copy_document_split(cache_dir: str | Path, run_dir: str | Path) -> None:
+    """Put the cache's record of which documents each split holds into a run folder."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(cache_dir) / DOCUMENT_SPLIT_FILE, Path(run_dir) / DOCUMENT_SPLIT_FILE)
+
+
+def read_stats(cache_dir: str | Path) -> dict[str, Any]:
+    """The `stats.json` of a packed-block cache."""
+    return json.loads((Path(cache_dir) / STATS_FILE).read_text(encoding="utf-8"))
+
+
+def check_writable(folder: Path) -> None:
+    """Fail now, not after tokenizing, when the cache cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise InputError(
+            f"cache folder {folder} is not writable ({err.strerror}); "
+            "pass --cache_dir with a folder you can write to"
+        ) from None
+
+
+def tokenizer_files_digest(tokenizer_dir: str | Path) -> str:
+    """SHA-256 over the names and bytes of the tokenizer files in the folder."""
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILE_NAMES:
+        path = Path(tokenizer_dir) / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(corpus_digest: str, tokenizer_digest: str, args: DataArguments) -> str:
+    """Short hash of everything the blocks depend on (not of num_proc or the batch size)."""
+    settings = {
+        "pipeline_version": PIPELINE_VERSION,
+        "corpus": corpus_digest,
+        "tokenizer": tokenizer_digest,
+        "block_size": args.block_size,
+        "validation_fraction": args.validation_fraction,
+        "split_seed": args.split_seed,
+        "max_train_tokens": args.max_train_tokens,
+        "repeat_corpus": args.repeat_corpus,
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]

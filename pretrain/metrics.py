@@ -1,0 +1,384 @@
+"""Where every speed and size a run reports comes from: the loop's clock (tokens/s, first
+step), MFU (FLOPs per token over the devices' peak FLOP/s), the GPU's readings and
+`nvidia-smi` snapshot, and what each process holds (parameters, optimizer state, peak memory).
+
+The Trainer callbacks hook only into moments where Trainer already synchronises with the device
+(its logging steps), so they add no stall to the steps in between. Every GPU function is a
+no-op (or returns None) on a machine without an NVIDIA GPU, so training code calls them
+unconditionally.
+
+What one process holds is what it really keeps, whatever the parallelism: a tensor-parallel or
+FSDP2 parameter (a DTensor) counts its local shard, a DeepSpeed ZeRO-3 parameter its local
+partition (`ds_tensor`), a tied weight once. The optimizer state is every tensor the optimizer
+keeps per parameter (AdamW: two moments and a step count) plus the parameters it updates that
+are not the model's own: the fp32 master copies of mixed precision and DeepSpeed's flat
+partitions. Call `rank_footprint` after at least one optimizer step (the state is created at
+the first), on every process, then `gather_footprints` to have every process's record.
+
+Peak memory: on CUDA the most bytes of tensors allocated at once (`max_memory_allocated`); on
+CPU the peak resident set of the whole process (`getrusage`), which includes the interpreter,
+the libraries and the data: compare it between processes and strategies, not with the
+parameter bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.utils.tensorboard import SummaryWriter
+from transformers import GPT2LMHeadModel, Trainer, TrainerCallback, TrainerControl, TrainerState
+from transformers.integrations import TensorBoardCallback
+
+from common.run_contract import GPU_MEMORY_USED, GPU_POWER, GPU_UTILIZATION, MFU, TOKENS_PER_SECOND
+from pretrain.batches import BlockSchedule
+from pretrain.model import count_parameters
+from pretrain.parallel.strategy import gather_footprints
+
+logger = logging.getLogger(__name__)
+
+# --- FLOPs and the devices' peak ------------------------------------------------------------
+
+
+def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:
+    """Training FLOPs per token (forward + backward), the PaLM appendix B estimate.
+
+    6 N + 12 L d T, where N counts the parameters that take part in matmuls (all but the
+    position embeddings; the tied token embedding counts once because the output layer
+    multiplies by it, 2 V d FLOPs per token forward), L layers, d = heads x head size the
+    model width, T the sequence length (attention scores and weighted values, full square
+    as is customary although the causal half would suffice).
+    """
+    config = model.config
+    num_matmul_parameters = count_parameters(model, exclude_position_embeddings=True)
+    return 6 * num_matmul_parameters + 12 * config.n_layer * config.n_embd * sequence_length
+
+
+# Dense (no sparsity) 16-bit tensor-core peak with FP32 accumulation, TFLOP/s, from the vendor
+# datasheets. MFU is reported against this number whatever the precision, as is customary
+# (PaLM, nanoGPT); a GPU not listed here gets MFU only with an explicit peak. First match wins,
+# so variants come before the plain name: a device name matches an entry when it contains all
+# of the entry's words.
+PEAK_TFLOPS_16BIT: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("B200",), 2250.0),
+    (("GH200",), 989.0),
+    (("H200", "NVL"), 835.0),
+    (("H200",), 989.0),
+    (("H100", "PCIe"), 756.0),
+    (("H100", "NVL"), 835.0),
+    (("H100",), 989.0),
+    (("H800",), 989.0),
+    (("A100",), 312.0),
+    (("A800",), 312.0),
+    (("L40S",), 362.0),
+    (("L40",), 181.0),
+    (("L4",), 121.0),
+    (("A10",), 125.0),
+    (("A6000",), 154.8),
+    (("4090",), 165.2),
+    (("3090",), 71.0),
+    # GeForce Turing runs FP16 with FP32 accumulation at half the Quadro/Titan rate.
+    (("2080", "Ti"), 53.8),
+    (("V100",), 125.0),
+    (("T4",), 65.0),
+)
+
+
+def accelerator_name(device: torch.device) -> str:
+    """The accelerator's marketing name ("NVIDIA H200"), or the device type ("cpu")."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def job_peak_flops_per_second(
+    peak_tflops: float | None, device: torch.device, num_devices: int
+) -> float | None:
+    """The whole job's peak FLOP/s: one device's (`peak_tflops` when given, else looked up by
+    the GPU's name) times the devices, each running the model on its share of the batch."""
+    if peak_tflops:
+        one_device = peak_tflops * 1e12
+    else:
+        one_device = peak_flops_per_second(accelerator_name(device))
+    return None if one_device is None else one_device * num_devices
+
+
+def peak_flops_per_second(device_name: str) -> float | None:
+    """Dense 16-bit peak FLOP/s of a GPU named like `torch.cuda.get_device_name()`, or None."""
+    words = set(re.split(r"[\s\-_]+", device_name))
+    for required, tflops in PEAK_TFLOPS_16BIT:
+        if all(word in words for word in required):
+            return tflops * 1e12
+    return None
+
+
+def model_flops_utilization(
+    tokens_per_second: float | None, flops_per_token: float, peak_flops_per_second: float | None
+) -> float | None:
+    """Model FLOPs utilisation: the training FLOP/s the tokens took (`flops_per_token`) over
+    the devices' peak; None without a speed or a known peak (e.g. on CPU)."""
+    if tokens_per_second is None or peak_flops_per_second is None:
+        return None
+    return tokens_per_second * flops_per_token / peak_flops_per_second
+
+
+# --- The GPU's readings ----------------------------------------------------------------------
+
+
+class GpuReadings:
+    """Utilisation, memory in use and power draw of one CUDA device, keyed by TensorBoard tag.
+
+    torch.cuda reads them through NVML (and finds the device NVML numbers differently under
+    CUDA_VISIBLE_DEVICES); without a GPU `read()` returns an empty dict, and the first failed
+    reading (no NVML library) says so once and stops the readings.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device if device.type == "cuda" else None
+
+    def read(self) -> dict[str, float]:
+        """Current utilisation (%), memory in use on the device (GiB) and power draw (W)."""
+        if self.device is None:
+            return {}
+        try:
+            free_bytes, total_bytes = torch.cuda.mem_get_info(self.device)
+            return {
+                GPU_UTILIZATION: float(torch.cuda.utilization(self.device)),
+                GPU_MEMORY_USED: (total_bytes - free_bytes) / 2**30,
+                GPU_POWER: torch.cuda.power_draw(self.device) / 1000.0,
+            }
+        except Exception as err:  # noqa: BLE001 (no NVML library, or a driver too old for it)
+            logger.warning("GPU readings stopped: %s", err)
+            self.device = None
+            return {}
+
+
+def write_nvidia_smi_snapshot(path: str | Path) -> bool:
+    """Save the output of `nvidia-smi` to `path`; False (nothing written) without one."""
+    executable = shutil.which("nvidia-smi")
+    if executable is None or not torch.cuda.is_available():
+        return False
+    try:
+        result = subprocess.run(
+            [executable], capture_output=True, text=True, timeout=30, check=True
+        )
+    except (subprocess.SubprocessError, OSError) as err:
+        logger.warning("nvidia-smi snapshot failed: %s", err)
+        return False
+    path = Path(path)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(result.stdout, encoding="utf-8")
+    partial.replace(path)
+    return True
+
+
+# --- What each process holds -----------------------------------------------------------------
+
+
+def rank_footprint(
+    model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> dict[str, Any]:
+    """This process's record: rank, parameter and optimizer-state bytes, peak memory."""
+    peak_bytes, peak_source = peak_memory(device)
+    return {
+        "rank": dist.get_rank() if dist.is_initialized() else 0,
+        "parameter_bytes": parameter_bytes(model.parameters()),
+        "optimizer_state_bytes": optimizer_state_bytes(optimizer, model),
+        "peak_memory_bytes": peak_bytes,
+        "peak_memory_source": peak_source,
+    }
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of `tensor` stored by this process."""
+    if isinstance(tensor, DTensor):
+        return tensor.to_local()
+    # A ZeRO-3 parameter is an empty placeholder outside forward; its shard is ds_tensor.
+    return getattr(tensor, "ds_tensor", tensor)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    local = local_tensor(tensor)
+    return local.numel() * local.element_size()
+
+
+def parameter_bytes(parameters: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct parameters (a tied weight once), local parts only."""
+    distinct = {id(parameter): parameter for parameter in parameters}
+    return sum(tensor_bytes(parameter) for parameter in distinct.values())
+
+
+def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside wrappers (accelerate's AcceleratedOptimizer, DeepSpeed's ZeRO
+    optimizer), each of which keeps the one it wraps as `.optimizer`."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def optimizer_state_bytes(optimizer: Any, model: nn.Module) -> int:
+    """Bytes of the optimizer's per-parameter state and of the parameters it updates that are
+    not `model`'s (master copies, flat partitions), local parts only."""
+    inner = innermost_optimizer(optimizer)
+    state_tensors = [
+        value
+        for state in inner.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
+    model_parameters = {id(parameter) for parameter in model.parameters()}
+    own_copies = [
+        parameter
+        for group in inner.param_groups
+        for parameter in group["params"]
+        if id(parameter) not in model_parameters
+    ]
+    return sum(tensor_bytes(tensor) for tensor in state_tensors) + parameter_bytes(own_copies)
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """Peak bytes of this process on `device`, and how they were measured."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_memory_allocated"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports kibibytes, macOS bytes.
+    return (peak if sys.platform == "darwin" else peak * 1024), "process_max_rss"
+
+
+# --- The loop's clock and the callbacks that feed TensorBoard ------------------------------
+
+
+class LoopClock:
+    """Times a training loop, whichever it is: the whole loop, its first step (compilation
+    happens there), and each logging window's tokens/s and MFU with the GPU's readings, as
+    TensorBoard scalars; takes one `nvidia-smi` snapshot halfway through.
+
+    The loop calls `start` before its first step, `step_done` after each step, `window` at each
+    logging step (where it synchronises with the device anyway), and `stop` after the last.
+    """
+
+    def __init__(
+        self,
+        schedule: BlockSchedule,
+        flops_per_token: float,
+        peak_flops_per_second: float | None,
+        device: torch.device,
+        snapshot_path: Path,
+    ) -> None:
+        self.schedule = schedule
+        self.flops_per_token = flops_per_token
+        self.peak_flops_per_second = peak_flops_per_second
+        self.snapshot_path = snapshot_path
+        self.gpu = GpuReadings(device)
+        self.snapshot_taken = False
+        self.loop_start: float | None = None
+        self.loop_seconds: float | None = None
+        self.first_step_seconds: float | None = None
+        self._window_start = 0.0
+        self._window_step = 0
+
+    def start(self, step: int) -> None:
+        self.loop_start = self._window_start = time.perf_counter()
+        self._window_step = step
+
+    def step_done(self) -> None:
+        if self.first_step_seconds is None and self.loop_start is not None:
+            self.first_step_seconds = time.perf_counter() - self.loop_start
+
+    def window(self, step: int) -> dict[str, float]:
+        """The scalars of the logging window that ends at `step` (empty when nothing new)."""
+        if step <= self._window_step:
+            return {}
+        now = time.perf_counter()
+        tokens = self.schedule.tokens_seen(step) - self.schedule.tokens_seen(self._window_step)
+        tokens_per_second = tokens / (now - self._window_start)
+        self._window_start, self._window_step = now, step
+        scalars = {TOKENS_PER_SECOND: tokens_per_second, **self.gpu.read()}
+        mfu = model_flops_utilization(
+            tokens_per_second, self.flops_per_token, self.peak_flops_per_second
+        )
+        if mfu is not None:
+            scalars[MFU] = mfu
+        if not self.snapshot_taken and step >= self.schedule.max_steps // 2:
+            self.snapshot_taken = True
+            write_nvidia_smi_snapshot(self.snapshot_path)
+        return scalars
+
+    def stop(self) -> None:
+        if self.loop_start is not None:
+            self.loop_seconds = time.perf_counter() - self.loop_start
+
+
+class ThroughputCallback(TrainerCallback):
+    """`LoopClock` in Trainer's loop: its window scalars go to Trainer's TensorBoard writer."""
+
+    def __init__(self, tensorboard: TensorBoardCallback | None, clock: LoopClock) -> None:
+        self.tensorboard = tensorboard
+        self.clock = clock
+
+    def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        self.clock.start(state.global_step)
+
+    def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        self.clock.step_done()
+
+    def on_log(self, args, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return  # evaluation or end-of-training summaries
+        scalars = self.clock.window(state.global_step)
+        writer = self.tensorboard.tb_writer if self.tensorboard else None
+        if state.is_world_process_zero and writer is not None:
+            for tag, value in scalars.items():
+                writer.add_scalar(tag, value, state.global_step)
+
+    def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        self.clock.stop()
+
+
+class FootprintCallback(TrainerCallback):
+    """Every process's parameter and optimizer-state bytes and peak memory when training ends.
+
+    Measured there, before the final save and the evaluation gather sharded weights: after
+    them an FSDP2 process was seen holding two thirds of the model's weights instead of half.
+    """
+
+    def __init__(self) -> None:
+        self.ranks: list[dict] | None = None
+
+    def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        self.ranks = gather_footprints(rank_footprint(model, optimizer, args.device))
+
+
+def find_tensorboard_callback(trainer: Trainer) -> TensorBoardCallback | None:
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback):
+            return callback
+    return None
+
+
+def continue_tensorboard_log(callback: TensorBoardCallback, log_dir: Path, start_step: int) -> None:
+    """Open the event writer so that a resumed run draws one continuous curve.
+
+    Events an interrupted run wrote after its last checkpoint (steps > `start_step`) would
+    overlap the resumed run's; `purge_step` makes TensorBoard drop them.
+    """
+    event_files = list(log_dir.glob("events.out.tfevents.*"))
+    if not event_files:
+        return
+    # TensorBoard reads a folder's event files in name order, and a name starts with the
+    # second its writer was created: the new file must not share the last file's second, or
+    # it may sort first and the purge would hit nothing.
+    newest_second = max(int(path.name.split(".")[3]) for path in event_files)
+    while time.time() < newest_second + 1:
+        time.sleep(0.05)
+    callback.tb_writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1)

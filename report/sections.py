@@ -1,0 +1,229 @@
+"""The report's sections, one per kind of run folder (GPT pretraining with its probe, LeNet-5,
+parallelism comparison, unrecognised) and the notes; each returns its Markdown lines. A new
+stage adds its section here, built from the table and figure code."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from common import run_contract as contract
+from report.figures import MNIST_FIGURES, curve_section, figure_lines, gpt_figures
+from report.plots import plot_confusion_matrix, plot_images, plot_probe_curves
+from report.run_folder import RunRecord, file_stem
+from report.tables import (
+    MISSING,
+    Row,
+    format_hardware,
+    format_value,
+    mapping_section,
+    markdown_table,
+    settings_section,
+    summary_table,
+)
+
+NO_PEAK_FLOPS = "no peak FLOP/s known for this device"
+
+GPT_ROWS = (
+    Row("wall time, launch to end (s)", "wall_seconds"),
+    Row("training loop (s)", "train_loop_seconds"),
+    Row("tokens trained", "tokens_trained"),
+    Row("tokens/s", "tokens_per_second"),
+    Row("MFU (fraction of peak)", "mfu"),
+    Row("final loss (mean of the last logged steps)", "final_loss"),
+    Row("logged steps in the final loss", "final_loss_window"),
+    Row("loss threshold", "loss_threshold"),
+    Row("verdict: pass (final loss below the threshold), fail, or diverged", "verdict"),
+    Row("diverged at step (loss, gradient or weights NaN or infinite)", "diverged_at_step"),
+    Row("validation loss", "eval_loss"),
+    Row("validation perplexity", "perplexity"),
+    Row("validation bits per byte", "bits_per_byte"),
+    Row("optimizer steps planned", "max_steps"),
+    Row("optimizer steps done", "global_step"),
+    Row("processes", "num_processes"),
+    Row("tokens per optimizer step", "global_batch_tokens"),
+    Row("parameters", "num_parameters"),
+    Row("hardware", "hardware", format_hardware),
+)
+
+MNIST_ROWS = (
+    Row("trainer", "trainer"),
+    Row("test accuracy (fraction)", "test_accuracy"),
+    Row("test loss", "test_loss"),
+    Row("epochs", "epochs"),
+    Row("training time (s)", "train_seconds"),
+    Row("training digits", "num_train"),
+    Row("validation digits", "num_val"),
+    Row("test digits", "num_test"),
+    Row("test digits also in the training set", "num_test_in_train"),
+    Row("data", "data_source"),
+    Row("device", "device"),
+    Row("hardware", "hardware", format_hardware),
+)
+
+
+def notes_section(runs: Sequence[RunRecord], extra_notes: Sequence[str]) -> list[str]:
+    items = [f"- `{run.name}`: {note}" for run in runs for note in run.notes]
+    items += [f"- {note}" for note in extra_notes]
+    return ["## Notes", "", *items, ""] if items else []
+
+
+def nvidia_smi_lines(runs: Sequence[RunRecord]) -> list[str]:
+    lines: list[str] = []
+    for run in runs:
+        if run.nvidia_smi:
+            lines += [
+                f"### nvidia-smi during `{run.name}`",
+                "",
+                "```text",
+                run.nvidia_smi.rstrip(),
+                "```",
+                "",
+            ]
+    return lines
+
+
+def no_mfu_lines(runs: Sequence[RunRecord]) -> list[str]:
+    """Why a run has no MFU: the run knew no peak FLOP/s to divide by (a CPU, an unlisted GPU)."""
+    lines = [
+        f"MFU of `{run.name}`: not shown, {NO_PEAK_FLOPS} (`--peak_tflops` of the run sets one)."
+        for run in runs
+        if contract.MFU not in run.scalars and run.summary.get("mfu") is None
+    ]
+    return [*lines, ""] if lines else []
+
+
+PROBE_CURVE_FIGURE = "gpt_probe_curve.png"
+
+
+PROBE_CURVE_CAPTION = (
+    "When the representation starts to know the classes: the linear probe's test accuracy on "
+    "the frozen network at step 0, at each saved checkpoint and at the end (right), beside the "
+    "training loss (left), both against pretraining tokens"
+)
+PROBE_COLUMNS = (
+    ("test accuracy", "accuracy"),
+    ("macro-F1", "macro_f1"),
+    ("accuracy on test texts pretraining did not train on", "accuracy_unseen_by_pretraining"),
+    ("training (s)", "train_seconds"),
+)
+
+
+def probe_section(run: RunRecord, out_dir: Path) -> list[str]:
+    """Per label level the run was probed on: the classifiers' scores beside chance, the
+    overlap with the pretraining split, and the fine-tuned model's confusion matrix."""
+    lines: list[str] = []
+    for level, results in run.probes.items():
+        methods = results["methods"] if isinstance(results["methods"], dict) else {}
+        chance = results["chance"] if isinstance(results["chance"], dict) else {}
+        class_names = results["class_names"]
+        lines += [
+            f"### Classification probe of `{run.name}`: {level}",
+            "",
+            f"{format_value(len(class_names))} classes; {format_value(results['num_train'])} "
+            f"training and {format_value(results['num_test'])} test documents "
+            f"({format_value(results.get('corpus'))}).",
+            "",
+        ]
+        body = [
+            [f"`{method}`", format_value(scores.get("description"))]
+            + [format_value(scores.get(key)) for _, key in PROBE_COLUMNS]
+            for method, scores in methods.items()
+        ]
+        body.append(
+            ["chance", "always the most frequent training class"]
+            + [format_value(chance.get("majority_class_accuracy"))]
+            + [MISSING] * (len(PROBE_COLUMNS) - 1)
+        )
+        lines += markdown_table(["", "classifier", *(label for label, _ in PROBE_COLUMNS)], body)
+        effect = results.get("pretraining_effect")
+        if isinstance(effect, dict) and effect.get("verdict"):
+            lines += ["", f"What pretraining bought: {format_value(effect['verdict'])}"]
+        overlap = results["pretraining_overlap"]
+        if isinstance(overlap, dict) and overlap.get("verdict"):
+            lines += ["", f"Overlap with pretraining: {format_value(overlap['verdict'])}"]
+        lines.append("")
+        matrix = methods.get(contract.PROBE_PRETRAINED, {}).get("confusion_matrix")
+        path = out_dir / f"gpt_probe_confusion_matrix_{file_stem(run.name)}_{file_stem(level)}.png"
+        title = f"{run.name}, {level}: fine-tuned, test split"
+        if matrix is not None and plot_confusion_matrix(matrix, title, path, class_names, level):
+            lines += figure_lines(
+                path, f"Confusion matrix of `{run.name}` fine-tuned on the {level} labels"
+            )
+    return lines
+
+
+def gpt_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
+    lines = ["## GPT-2 pretraining", "", "### Results", "", *summary_table(runs, GPT_ROWS), ""]
+    for run in runs:
+        lines += probe_section(run, out_dir)
+    lines += mapping_section(runs, "speed_settings", "### Speed settings in force")
+    loss_figure, *other_figures = gpt_figures(runs)
+    lines += ["### Curves", "", *curve_section(runs, [loss_figure], out_dir)]
+    probe_curve_path = out_dir / PROBE_CURVE_FIGURE
+    if plot_probe_curves(runs, probe_curve_path):
+        lines += figure_lines(probe_curve_path, PROBE_CURVE_CAPTION)
+    lines += curve_section(runs, other_figures, out_dir)
+    lines += no_mfu_lines(runs)
+    lines += mapping_section(runs, "versions", "### Library versions")
+    for run in runs:
+        if run.summary.get("accelerator_state"):
+            state = str(run.summary["accelerator_state"]).rstrip()
+            lines += [f"### Accelerator state of `{run.name}`", "", "```text", state, "```", ""]
+    return lines + nvidia_smi_lines(runs)
+
+
+def mnist_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
+    lines = ["## LeNet-5 on MNIST", "", "### Results", "", *summary_table(runs, MNIST_ROWS), ""]
+    lines += settings_section(runs)
+    lines += ["### Curves", "", *curve_section(runs, MNIST_FIGURES, out_dir)]
+    for run in runs:
+        stem = file_stem(run.name)
+        matrix = run.summary.get("confusion_matrix")
+        path = out_dir / f"mnist_confusion_matrix_{stem}.png"
+        if matrix is not None and plot_confusion_matrix(matrix, f"{run.name}: test set", path):
+            lines += figure_lines(path, f"Confusion matrix of `{run.name}` on the test digits")
+        path = out_dir / f"mnist_feature_maps_{stem}.png"
+        feature_map_tags = sorted(
+            tag for tag in run.images if tag.startswith(contract.FEATURE_MAPS_PREFIX)
+        )
+        if plot_images(run, feature_map_tags, path):
+            lines += figure_lines(path, f"Feature maps of `{run.name}` for fixed test digits")
+    lines += mapping_section(runs, "versions", "### Library versions")
+    return lines + nvidia_smi_lines(runs)
+
+
+def comparison_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
+    """Each comparison's table and figure, as compare-parallelism wrote them."""
+    lines = ["## Parallelism comparison", ""]
+    for run in runs:
+        lines += [f"### `{run.name}`", "", f"`{run.summary.get('command', MISSING)}`", ""]
+        table = run.path / contract.PARALLELISM_COMPARISON_TABLE
+        if table.is_file():
+            lines += [table.read_text(encoding="utf-8").rstrip(), ""]
+        figure = run.path / contract.PARALLELISM_COMPARISON_FIGURE
+        if figure.is_file():
+            copy = out_dir / f"parallelism_comparison_{file_stem(run.name)}.png"
+            shutil.copyfile(figure, copy)
+            lines += figure_lines(
+                copy, f"Memory per process and speed of each strategy in `{run.name}`"
+            )
+    return lines + mapping_section(runs, "versions", "### Library versions")
+
+
+def unknown_section(runs: Sequence[RunRecord]) -> list[str]:
+    lines = ["## Unrecognised folders", ""]
+    for run in runs:
+        tags = sorted(run.scalars) + sorted(run.images)
+        found = ", ".join(f"`{tag}`" for tag in tags) if tags else "nothing"
+        lines.append(f"- `{run.name}` ({display_path(run.path)}): logged {found}")
+    return [*lines, ""]
+
+
+def display_path(path: Path) -> str:
+    """A run folder as the reader would type it: relative to the working folder when inside it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
