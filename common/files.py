@@ -4,7 +4,6 @@ that what was written is still whole, and keep two processes from writing the sa
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -18,9 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import filelock
 import xxhash
 
 from common.cli import InputError
+from common.run_contract import CHECKPOINT_MANIFEST_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +50,19 @@ def atomic_dir(final_dir: str | Path, overwrite: bool = False) -> Iterator[Path]
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
-    if final_dir.exists():
-        shutil.rmtree(final_dir)
-    os.replace(tmp_dir, final_dir)
+    replace_dir(tmp_dir, final_dir)
+
+
+def replace_dir(new_dir: Path, target: Path) -> None:
+    """Put `new_dir` in `target`'s place by renames: `target` is the old folder, then for an
+    instant none, then the new one; never half of either. A kill between the two renames
+    leaves the old folder as `.<name>.replaced`, which the next replacement removes."""
+    replaced = target.with_name(f".{target.name}.replaced")
+    shutil.rmtree(replaced, ignore_errors=True)
+    if target.exists():
+        target.rename(replaced)
+    new_dir.rename(target)
+    shutil.rmtree(replaced, ignore_errors=True)
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
@@ -116,6 +127,19 @@ def damage_in(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None:
     return None
 
 
+def sealed_folder_damage(folder: Path) -> str | None:
+    """Why a folder sealed by its manifest (a checkpoint, a run's final model) is not whole: its
+    manifest unreadable, a file missing, resized or changed. None when it is whole, or has no
+    manifest (written before manifests existed)."""
+    try:
+        manifest = json.loads((folder / CHECKPOINT_MANIFEST_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return f"its {CHECKPOINT_MANIFEST_FILE} is unreadable"
+    return damage_in(folder, manifest["files"])
+
+
 class LockHeld(Exception):
     """Another process holds the lock; `holder` says which (pid, host, since when)."""
 
@@ -126,46 +150,39 @@ class LockHeld(Exception):
 
 @contextmanager
 def exclusive_lock(lock_path: Path, wait: bool) -> Iterator[None]:
-    """Hold an exclusive lock on `lock_path` while the block runs; the file is removed after.
+    """Hold an exclusive lock on `lock_path` while the block runs (filelock's `flock`), with
+    the holder's pid, host and start time written in the file; the file is removed after.
 
     The kernel releases the lock when its process ends, however it ends (kill -9 included), so
-    a lock is never left stuck by a dead process. With `wait`, block until the holder lets go
-    (saying so once); without, raise `LockHeld` naming the holder, whose pid, host and start
-    time the file keeps. A holder removes the file before letting go, so a waiter that wakes up
-    on a removed file tries again on the path's new one.
+    a lock is never left stuck by a dead process: a file that stays behind names a holder that
+    is gone, and the next holder writes its own name over it. With `wait`, block until the
+    holder lets go (saying so once); without, raise `LockHeld` naming the holder.
     """
-    said_waiting = False
-    while True:
-        handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 (closed below)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            if not wait:
-                handle.close()
-                raise LockHeld(holder) from None
-            if not said_waiting:
-                logger.info("waiting for %s, held by %s", lock_path, holder)
-                said_waiting = True
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        if _is_current_file(handle, lock_path):
-            break
-        handle.close()  # the holder removed it while we waited: lock the path's new file
+    lock = filelock.FileLock(lock_path, thread_local=False, on_acquired=_name_the_holder)
     try:
-        handle.seek(0)
-        handle.truncate()
-        started = time.strftime("%Y-%m-%d %H:%M:%S")
-        handle.write(f"process {os.getpid()} on {socket.gethostname()} since {started}\n")
-        handle.flush()
+        lock.acquire(blocking=False)
+    except filelock.Timeout:
+        holder = _read_holder(lock_path)
+        if not wait:
+            raise LockHeld(holder) from None
+        logger.info("waiting for %s, held by %s", lock_path, holder)
+        lock.acquire()
+    try:
         yield
     finally:
+        # Removed while still held: a waiter then takes the lock on the path's next file.
         Path(lock_path).unlink(missing_ok=True)
-        handle.close()
+        lock.release()
 
 
-def _is_current_file(handle, path: Path) -> bool:
+def _name_the_holder(fd: int) -> None:
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()} since {started}\n".encode(), 0)
+
+
+def _read_holder(lock_path: Path) -> str:
     try:
-        return os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False
+        return Path(lock_path).read_text(encoding="utf-8").strip() or "another process"
+    except OSError:
+        return "another process"

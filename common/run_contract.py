@@ -25,7 +25,7 @@ TENSORBOARD_DIR = "tensorboard"
 DOCUMENT_SPLIT_FILE = "document_split.json"
 
 # run_summary.json carries its version; readers note a summary of another version.
-GPT_SUMMARY_VERSION = 2
+GPT_SUMMARY_VERSION = 3
 
 GPT_REQUIRED_KEYS = (
     "summary_version",

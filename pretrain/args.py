@@ -1,8 +1,9 @@
 """The options of the pretraining stage, all in one place.
 
 `pretrain/run.py` takes `ModelArguments`, `common.corpus.CorpusArguments` (which text),
-`DataArguments`, `ReportArguments` and transformers' `TrainingArguments` (optimisation,
-precision flags, checkpoints, output folder); `prepare-blocks` takes
+`DataArguments`, `ReportArguments` and `PretrainTrainingArguments` (transformers'
+`TrainingArguments` with the pretraining defaults: optimisation, precision flags, checkpoints,
+output folder); `prepare-blocks` takes
 `CorpusArguments` and `DataArguments`; `generate-text` takes
 `GenerateArguments`. Each dataclass checks its own values when it is created and raises
 `InputError` (one line: what, and how to fix it), so a bad value stops the program before
@@ -12,12 +13,14 @@ anything is read or written.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from transformers import GPT2Config, PreTrainedTokenizerBase, TrainingArguments
+from transformers.activations import ACT2FN
 
-from common.cli import InputError
+from common.cli import InputError, parse_args
 from common.corpus import CorpusArguments
 from pretrain.blocks.args import DataArguments
 from pretrain.loss import LOSS_IMPLEMENTATIONS
@@ -70,6 +73,24 @@ class ModelArguments:
         },
     )
 
+    activation_function: str = field(
+        default="gelu_pytorch_tanh",
+        metadata={
+            "help": "The MLP's activation: 'gelu_pytorch_tanh' is GPT-2's tanh-approximated GELU "
+            "as one fused kernel; 'gelu_new' is the same function as several elementwise "
+            "kernels (GPT-2's original code)."
+        },
+    )
+    compile_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --torch_compile: folder for the compiled code (inductor and Triton "
+            "caches), so that a second run of the same model skips code generation. Default: "
+            "'compile' beside the packed-block caches (--cache_dir), shared by the jobs of a "
+            "cluster's home folder; TORCHINDUCTOR_CACHE_DIR, when set, wins over the default."
+        },
+    )
+
     def model_config(self, tokenizer: PreTrainedTokenizerBase, block_size: int) -> GPT2Config:
         """The GPT-2 these options ask for, around `tokenizer`, for `block_size` blocks."""
         return build_model_config(
@@ -79,6 +100,7 @@ class ModelArguments:
             vocab_size=self.vocab_size,
             dropout=self.dropout,
             attn_implementation=self.attn_implementation,
+            activation_function=self.activation_function,
         )
 
     def __post_init__(self) -> None:
@@ -89,6 +111,12 @@ class ModelArguments:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise InputError(f"--dropout {self.dropout} must be in [0, 1), e.g. 0.1")
+        if self.activation_function not in ACT2FN:
+            close = difflib.get_close_matches(self.activation_function, list(ACT2FN), n=1)
+            raise InputError(
+                f"--activation_function {self.activation_function} is not one of transformers' "
+                f"activations{f' (did you mean {close[0]}?)' if close else ''}"
+            )
 
 
 @dataclass
@@ -149,6 +177,60 @@ class GenerateArguments:
             raise InputError(f"--temperature {self.temperature} must be positive")
 
 
+@dataclass
+class PretrainTrainingArguments(TrainingArguments):
+    """transformers' `TrainingArguments` with what every pretraining run needs by default; the
+    configs in pretrain/configs/ set the recipe on top.
+
+    `max_steps` is derived from the token budget and the global batch (pretrain/plan.py); the
+    precision from the launcher, the flags or the GPU (pretrain/precision.py).
+    """
+
+    max_steps: int = field(
+        default=-1,
+        metadata={
+            "help": "Stop after this many optimizer steps (a quick check); default: one pass "
+            "over the --max_train_tokens budget, which is how many steps the run takes."
+        },
+    )
+    logging_first_step: bool = field(
+        default=True, metadata={"help": "Log the first step's loss (the start of the curve)."}
+    )
+    prediction_loss_only: bool = field(
+        default=True,
+        metadata={
+            "help": "Evaluation keeps the loss only: the logits of the validation blocks would "
+            "hold blocks x block_size x vocabulary floats."
+        },
+    )
+    whole_batches: bool = field(
+        default=True,
+        metadata={
+            "help": "Round --max_train_tokens up to whole global batches, so that every step "
+            "has the training shape and compiled code is never recompiled (12,000,000 tokens "
+            "with batches of 64 x 1024 -> 184 x 65,536 = 12,058,624); false: exactly the budget, "
+            "the last step smaller."
+        },
+    )
+    report_to: None | str | list[str] = field(
+        default="tensorboard",
+        metadata={
+            "help": "Where Trainer logs: TensorBoard always (the run folder's curves and the "
+            "report read it), plus any integration named here."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if "tensorboard" not in self.report_to:
+            self.report_to = [*self.report_to, "tensorboard"]
+
+    @property
+    def global_batch_blocks(self) -> int:
+        """Blocks per optimizer step: processes x per-device batch x gradient accumulation."""
+        return self.world_size * self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+
 class PretrainArguments(NamedTuple):
     """Every option of pretrain/run.py, one dataclass per concern."""
 
@@ -156,19 +238,40 @@ class PretrainArguments(NamedTuple):
     corpus: CorpusArguments
     data: DataArguments
     report: ReportArguments
-    training: TrainingArguments
+    training: PretrainTrainingArguments
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        return resolved_options(*self)
+    def to_dict(self, *extra: Any) -> dict[str, dict[str, Any]]:
+        """The resolved values, keyed by dataclass name (TrainingArguments hides secrets), the
+        `extra` option objects of a loop first."""
+        return {type(arguments).__name__: dataclasses.asdict(arguments) for arguments in extra} | {
+            "ModelArguments": dataclasses.asdict(self.model),
+            "CorpusArguments": dataclasses.asdict(self.corpus),
+            "DataArguments": dataclasses.asdict(self.data),
+            "ReportArguments": dataclasses.asdict(self.report),
+            "TrainingArguments": self.training.to_dict(),
+        }
 
-
-def resolved_options(*argument_objects: Any) -> dict[str, dict[str, Any]]:
-    """The resolved values, keyed by dataclass name (TrainingArguments hides secrets)."""
-    return {
-        type(arguments).__name__: (
-            arguments.to_dict()
-            if isinstance(arguments, TrainingArguments)
-            else dataclasses.asdict(arguments)
+    @classmethod
+    def parse(
+        cls,
+        argv: list[str] | None,
+        extra: tuple[type, ...] = (),
+        description: str = "",
+        prog: str = "pretrain/run.py",
+    ) -> tuple[Any, ...]:
+        """The `extra` option objects of a loop, then `PretrainArguments`, from flags and
+        `--config`."""
+        values = parse_args(
+            (
+                *extra,
+                ModelArguments,
+                CorpusArguments,
+                DataArguments,
+                ReportArguments,
+                PretrainTrainingArguments,
+            ),
+            argv,
+            description=description,
+            prog=prog,
         )
-        for arguments in argument_objects
-    }
+        return (*values[: len(extra)], cls(*values[len(extra) :]))

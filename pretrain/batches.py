@@ -1,5 +1,5 @@
 """Batches and steps of training over packed blocks: the collator Trainer stacks blocks with,
-the global batch, and the schedule of one pass over the training blocks."""
+and the schedule of one pass over the training blocks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from common.cli import InputError
 
 if TYPE_CHECKING:
-    from transformers import TrainingArguments
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -26,15 +26,6 @@ def collate_blocks(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     input_ids = torch.stack([torch.as_tensor(example["input_ids"]) for example in examples])
     input_ids = input_ids.long()  # (batch, block_size); int64 for the embedding and the loss
     return {"input_ids": input_ids, "labels": input_ids}
-
-
-def global_batch_blocks(training_args: TrainingArguments) -> int:
-    """Blocks per optimizer step: processes x per-device batch x gradient accumulation."""
-    return (
-        training_args.world_size
-        * training_args.per_device_train_batch_size
-        * training_args.gradient_accumulation_steps
-    )
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import signal
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
 from transformers import (
     GPT2Config,
     TrainerCallback,
@@ -53,9 +56,8 @@ FINISHED_RUN_MARKERS = (GPT_SUMMARY_FILE, FINAL_MODEL_DIR)
 def checkpoint_global_step(checkpoint_dir: Path) -> int | None:
     """The step a checkpoint was saved at, or None if its trainer state is unreadable."""
     try:
-        state = json.loads((checkpoint_dir / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
-        return int(state["global_step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return TrainerState.load_from_json(str(checkpoint_dir / TRAINER_STATE_NAME)).global_step
+    except (OSError, ValueError, TypeError):
         return None
 
 
@@ -71,12 +73,49 @@ def read_manifest(checkpoint_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def checkpoint_damage(checkpoint_dir: Path) -> str | None:
-    """Why a checkpoint cannot be resumed from, or None when it is whole."""
+def checkpoint_damage(checkpoint_dir: Path, adopt: bool = False) -> str | None:
+    """Why a checkpoint cannot be resumed from, or None when it is whole.
+
+    A checkpoint with a manifest is whole while every file matches it. One without is judged by
+    loading what Trainer resumes from (its state, weights, optimizer); when that works and
+    `adopt` is set, its manifest is written now (with no run identity to compare).
+    """
     manifest = read_manifest(checkpoint_dir)
-    if manifest is None:
-        return f"no readable {CHECKPOINT_MANIFEST_FILE} (the save was cut short)"
-    return damage_in(checkpoint_dir, manifest["files"])
+    if manifest is not None:
+        return damage_in(checkpoint_dir, manifest["files"])
+    damage = unsealed_checkpoint_damage(checkpoint_dir)
+    if damage is None and adopt:
+        logger.warning("adopting %s, written without a manifest: it loads", checkpoint_dir.name)
+        seal_checkpoint(checkpoint_dir, {"run_identity": None, "adopted": True})
+    return damage
+
+
+def unsealed_checkpoint_damage(checkpoint_dir: Path) -> str | None:
+    """Why a checkpoint without a manifest does not load, or None when every file Trainer
+    resumes from loads (a save cut short leaves a truncated file or none)."""
+    if not any(checkpoint_dir.glob("model*.safetensors")) and not any(
+        checkpoint_dir.glob("pytorch_model*.bin")
+    ):
+        return "no model weights and no manifest (the save was cut short)"
+    try:
+        TrainerState.load_from_json(str(checkpoint_dir / TRAINER_STATE_NAME))
+        for path in sorted(checkpoint_dir.iterdir()):
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), "pt") as tensors:
+                    tensors.keys()
+            elif path.suffix in (".bin", ".pt", ".pth"):  # Trainer's own files, pickled
+                torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as err:  # noqa: BLE001 (each loader has its own errors for a bad file)
+        return f"no manifest and it does not load ({type(err).__name__}: {str(err)[:120]})"
+    return None
+
+
+def seal_checkpoint(checkpoint_dir: Path, record: dict[str, Any]) -> None:
+    """Write the manifest: every file's size and checksum, and `record`; written last."""
+    write_json_atomic(
+        checkpoint_dir / CHECKPOINT_MANIFEST_FILE,
+        {"files": file_digests(checkpoint_dir, skip=(CHECKPOINT_MANIFEST_FILE,)), **record},
+    )
 
 
 def run_identity(
@@ -118,30 +157,35 @@ def run_identity(
     }
 
 
-def identity_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`name: X now, Y in the checkpoint` for each item of the run identity that differs."""
+def identity_differences(
+    saved: dict[str, Any], current: dict[str, Any], where: str = "in the checkpoint"
+) -> list[str]:
+    """`name: X now, Y <where>` for each item of the run identity that differs."""
 
     def shown(value: Any) -> str:
         text = json.dumps(value) if isinstance(value, dict | list) else str(value)
         return text[:12] if len(text) == 64 else text  # a SHA-256: its first 12 hex digits
 
     return [
-        f"{name}: {shown(current.get(name))} now, {shown(saved.get(name))} in the checkpoint"
+        f"{name}: {shown(current.get(name))} now, {shown(saved.get(name))} {where}"
         for name in sorted(set(saved) | set(current))
         if saved.get(name) != current.get(name)
     ]
 
 
 def resolve_resume_checkpoint(
-    output_dir: str | Path, requested: str | None, remove_unusable: bool
-) -> Path | None:
-    """The checkpoint to resume from (None: start fresh), checking the run folder first.
+    output_dir: str | Path, requested: str | None, is_main: bool
+) -> tuple[Path | None, list[dict[str, str]]]:
+    """The checkpoint to resume from (None: start fresh), checking the run folder first, and
+    the checkpoints `auto` skipped (each with why, and where it was moved).
 
     `requested` is `--resume_from_checkpoint`: None (a new run: the folder must not hold an
     earlier run), "auto" (the newest complete checkpoint, or a fresh start if there is none),
-    or a checkpoint path, which must be complete. With `remove_unusable` (the main process),
-    the damaged or incomplete checkpoints newer than the chosen one are deleted, so that
-    checkpoint rotation never keeps them instead of good ones.
+    or a checkpoint path, which must be complete. A checkpoint without a manifest that loads
+    (written by plain transformers, or before manifests existed) is adopted: its manifest is
+    written now. The main process moves the damaged checkpoints newer than the chosen one
+    aside (`damaged-checkpoint-<step>/`, which neither resuming nor checkpoint rotation reads),
+    never deleting them.
     """
     output_dir = Path(output_dir)
     checkpoints = list_checkpoints(output_dir)
@@ -154,36 +198,42 @@ def resolve_resume_checkpoint(
                 f"output folder {output_dir} already holds a run ({', '.join(leftovers[:3])}); "
                 f"pass --resume_from_checkpoint {RESUME_AUTO} to continue it, or a new --output_dir"
             )
-        return None
+        return None, []
     if requested != RESUME_AUTO:
         path = Path(requested)
-        damage = checkpoint_damage(path) if path.is_dir() else "it does not exist"
+        damage = checkpoint_damage(path, adopt=is_main) if path.is_dir() else "it does not exist"
         if damage is not None:
             raise InputError(
                 f"checkpoint {path} cannot be resumed from: {damage}; pass a complete "
                 f"checkpoint folder or --resume_from_checkpoint {RESUME_AUTO}"
             )
-        return path
+        return path, []
+    skipped = []
     for checkpoint in checkpoints:
-        damage = checkpoint_damage(checkpoint)
+        damage = checkpoint_damage(checkpoint, adopt=is_main)
         if damage is None:
             logger.info("resuming from %s", checkpoint)
-            return checkpoint
-        if remove_unusable:
-            shutil.rmtree(checkpoint, ignore_errors=True)
-        logger.warning(
-            "skipping checkpoint %s: %s%s",
-            checkpoint,
-            damage,
-            "; removed" if remove_unusable else "",
-        )
+            return checkpoint, skipped
+        aside = checkpoint.with_name(f"damaged-{checkpoint.name}")
+        if is_main:
+            while aside.exists():
+                aside = aside.with_name(aside.name + "-again")
+            checkpoint.rename(aside)
+        logger.warning("skipping %s: %s; moved to %s", checkpoint.name, damage, aside.name)
+        skipped.append({"checkpoint": checkpoint.name, "damage": damage, "moved_to": aside.name})
     logger.info("no complete checkpoint in %s: starting from step 0", output_dir)
-    return None
+    return None, skipped
 
 
 def check_same_run(checkpoint: Path, identity: dict[str, Any]) -> None:
     """Refuse to resume a checkpoint of another run, naming what differs."""
-    differences = identity_differences(read_manifest(checkpoint)["run_identity"], identity)
+    saved = read_manifest(checkpoint)["run_identity"]
+    if saved is None:
+        logger.warning(
+            "%s has no record of its run's settings: resuming it as this run", checkpoint
+        )
+        return
+    differences = identity_differences(saved, identity)
     if differences:
         raise InputError(
             f"checkpoint {checkpoint} belongs to another run ({'; '.join(differences)}); "
@@ -201,24 +251,31 @@ def finished_run_summary(output_dir: Path) -> dict[str, Any] | None:
 
 
 class CheckpointManifestCallback(TrainerCallback):
-    """Seal each checkpoint once Trainer has written all of it: every file's size and checksum
-    and the run's identity, in a manifest written last (by the main process, after every
-    process has written its shards)."""
+    """Seal each checkpoint once Trainer has written all of it: every file's size and checksum,
+    the run's identity and the seconds the save took, in a manifest written last (by the main
+    process, after every process has written its shards). `saves` lists each save's step and
+    seconds (from the end of the step's logging to the manifest)."""
 
     def __init__(self, identity: dict[str, Any]) -> None:
         self.identity = identity
+        self.saves: list[dict[str, float]] = []
+        self._step_done = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._step_done = time.perf_counter()
+
+    def on_log(self, args, state, control, **kwargs):
+        self._step_done = time.perf_counter()
 
     def on_save(self, args, state, control, **kwargs):
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
+        seconds = time.perf_counter() - self._step_done
+        self.saves.append({"step": state.global_step, "seconds": seconds})
         if state.is_world_process_zero:
             checkpoint_dir = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            write_json_atomic(
-                checkpoint_dir / CHECKPOINT_MANIFEST_FILE,
-                {
-                    "files": file_digests(checkpoint_dir, skip=(CHECKPOINT_MANIFEST_FILE,)),
-                    "run_identity": self.identity,
-                },
+            seal_checkpoint(
+                checkpoint_dir, {"run_identity": self.identity, "save_seconds": seconds}
             )
 
 
@@ -281,14 +338,25 @@ def weights_are_finite(model: torch.nn.Module, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-class CheckpointOnSignalCallback(TrainerCallback):
-    """Save a checkpoint and stop cleanly when SIGTERM or SIGUSR1 arrives.
+class StopRequested(BaseException):
+    """SIGTERM or SIGUSR1 before the training loop: the run stops at once, unwinding (a folder
+    it created and holds nothing else is removed). A BaseException, so that no handler of
+    ordinary errors keeps going."""
 
-    Slurm sends the signal chosen with `#SBATCH --signal=USR1@90` before the time limit, and
-    SIGTERM on `scancel` or preemption. The handler only sets a flag; at the end of the current
-    optimizer step the callback asks Trainer to save and stop. With several processes, every
-    rank must stop at the same step (or the others would wait forever in the next all-reduce),
-    so the ranks agree through one small all-reduce every `--logging_steps` steps, when Trainer
+    def __init__(self, received: signal.Signals) -> None:
+        super().__init__(received.name)
+        self.received = received
+
+
+class CheckpointOnSignalCallback(TrainerCallback):
+    """SIGTERM and SIGUSR1 (Slurm's warning before the time limit, `scancel`, preemption) for
+    the whole run, while `caught()` lasts: before the training loop they stop the run at once
+    (`StopRequested`); inside it, a checkpoint at the end of the current optimizer step, then
+    the run stops; after its last step the run finishes (final model, evaluation, summary).
+
+    Inside the loop the handler only sets a flag. With several processes, every rank must stop
+    at the same step (or the others would wait forever in the next all-reduce), so the ranks
+    agree through one small all-reduce every `--logging_steps` steps, when Trainer
     synchronises anyway; a single process checks after every step.
     """
 
@@ -296,21 +364,37 @@ class CheckpointOnSignalCallback(TrainerCallback):
         self.signals = signals
         self.received: signal.Signals | None = None
         self.stopped_at_step: int | None = None
-        self._previous_handlers: dict[signal.Signals, object] = {}
+        self._loop = "before"  # "before", "running" or "done"
+
+    @contextmanager
+    def caught(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("not in the main thread: no checkpoint on SIGTERM/SIGUSR1")
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._handle) for sig in self.signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame) -> None:
+        received = signal.Signals(signum)
+        if self._loop == "before":
+            raise StopRequested(received)
         if self.received is None:
-            self.received = signal.Signals(signum)
+            self.received = received
             logger.warning(
-                "received %s: saving a checkpoint at the end of this step", self.received.name
+                "received %s: %s",
+                received.name,
+                "saving a checkpoint at the end of this step"
+                if self._loop == "running"
+                else "the last step is done; finishing the run",
             )
 
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning("not in the main thread: no checkpoint on SIGTERM/SIGUSR1")
-            return
-        for sig in self.signals:
-            self._previous_handlers[sig] = signal.signal(sig, self._handle)
+        self._loop = "running"
 
     def _signal_on_any_rank(self, args: TrainingArguments) -> signal.Signals | None:
         signum = torch.tensor([int(self.received or 0)], device=args.device)
@@ -331,6 +415,4 @@ class CheckpointOnSignalCallback(TrainerCallback):
             control.should_training_stop = True
 
     def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
-        self._previous_handlers.clear()
+        self._loop = "done"

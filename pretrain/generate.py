@@ -12,18 +12,24 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from common.cli import InputError, entry_point, parse_args
+from common.files import sealed_folder_damage
 from common.run_contract import FINAL_MODEL_DIR
+from common.tokenization import load_tokenizer
 from pretrain.args import GenerateArguments
 
 
 def find_model_dir(run_dir: str | Path) -> Path:
-    """`RUN_DIR/final` for a finished run, else RUN_DIR itself if it holds a model."""
+    """`RUN_DIR/final` for a finished run, else RUN_DIR itself if it holds a model; refused
+    when its manifest says it is not whole."""
     run_dir = Path(run_dir)
     for candidate in (run_dir / FINAL_MODEL_DIR, run_dir):
         if (candidate / "config.json").is_file():
+            damage = sealed_folder_damage(candidate)
+            if damage is not None:
+                raise InputError(f"model folder {candidate} is damaged: {damage}")
             return candidate
     raise InputError(
         f"no model in {run_dir}: expected {run_dir / FINAL_MODEL_DIR}/config.json (written when "
@@ -37,7 +43,7 @@ def generate_texts(args: GenerateArguments) -> list[str]:
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device).eval()
     prompt_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     if prompt_ids.shape[1] == 0:

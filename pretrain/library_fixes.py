@@ -20,6 +20,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import datasets
+import transformers
 from packaging.specifiers import SpecifierSet
 
 from pretrain.parallel.strategy import honour_sharding_plugins_on_cpu
@@ -111,6 +113,33 @@ def trainer_creation_environment(log_dir: Path, regional_compilation: bool) -> I
                 os.environ[name] = value
 
 
+def use_compile_cache(folder: Path, explicit: bool) -> None:
+    """Keep torch.compile's generated code (inductor's FX graph and kernel caches, Triton's) in
+    `folder`, read by inductor from TORCHINDUCTOR_CACHE_DIR and by Triton from TRITON_CACHE_DIR
+    at the first compilation; by default a folder in /tmp, which every node and job of a
+    cluster starts without. A variable the user set wins over a default `folder` (inductor
+    sets its own default into the environment when torch is imported)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    library_defaults = {"TORCHINDUCTOR_CACHE_DIR": os.path.abspath(default_cache_dir())}
+    for variable, path in (
+        ("TORCHINDUCTOR_CACHE_DIR", folder),
+        ("TRITON_CACHE_DIR", folder / "triton"),
+    ):
+        if explicit or os.environ.get(variable) in (None, library_defaults.get(variable)):
+            os.environ[variable] = str(path.resolve())
+
+
+@contextmanager
+def compiled_once() -> Iterator[None]:
+    """While the block runs, a dynamo recompile limit reached is an error instead of a silent
+    fall back to eager code for the rest of the run (`FailOnRecompileLimitHit`)."""
+    import torch._dynamo.config
+
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
+
+
 def use_causal_lm_loss(model: nn.Module) -> None:
     """Name transformers' causal-LM loss on a GPT-2 model.
 
@@ -121,14 +150,36 @@ def use_causal_lm_loss(model: nn.Module) -> None:
     model.loss_type = "ForCausalLM"
 
 
-def quiet_deepspeed_cpu_notice() -> None:
-    """Drop the line DeepSpeed logs on every start without a GPU.
+# Lines libraries log on every CPU run that say nothing about it, by logger: the run logs the
+# device it trains on itself. accelerate imports DeepSpeed whenever it is installed, which then
+# announces the CPU; torch.compile's C++ builds announce that there is no CUDA runtime.
+CPU_NOTICES = {
+    "DeepSpeed": "Setting accelerator to CPU",
+    "torch.utils.cpp_extension": "No CUDA runtime is found",
+}
 
-    accelerate imports DeepSpeed whenever it is installed, and DeepSpeed then announces that it
-    uses the CPU; the run logs the device it trains on itself.
-    """
-    logging.getLogger("DeepSpeed").addFilter(_is_not_deepspeed_cpu_notice)
+
+def quiet_cpu_notices() -> None:
+    """Drop the `CPU_NOTICES` lines."""
+    for logger_name, start in CPU_NOTICES.items():
+        logging.getLogger(logger_name).addFilter(
+            lambda record, start=start: not record.getMessage().startswith(start)
+        )
 
 
-def _is_not_deepspeed_cpu_notice(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith("Setting accelerator to CPU")
+@contextmanager
+def library_progress_bars(enabled: bool) -> Iterator[None]:
+    """`--disable_tqdm` reaches only Trainer's own bars; hide those of datasets (tokenizing,
+    saving blocks) and transformers (writing model shards) too while the run lasts."""
+    datasets_bars = datasets.utils.is_progress_bar_enabled()
+    transformers_bars = transformers.utils.logging.is_progress_bar_enabled()
+    if not enabled:
+        datasets.utils.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if datasets_bars and not enabled:
+            datasets.utils.enable_progress_bars()
+        if transformers_bars and not enabled:
+            transformers.utils.logging.enable_progress_bar()

@@ -13,7 +13,7 @@ partition (`ds_tensor`), a tied weight once. The optimizer state is every tensor
 keeps per parameter (AdamW: two moments and a step count) plus the parameters it updates that
 are not the model's own: the fp32 master copies of mixed precision and DeepSpeed's flat
 partitions. Call `rank_footprint` after at least one optimizer step (the state is created at
-the first), on every process, then `gather_footprints` to have every process's record.
+the first), on every process, then accelerate's `gather_object` to have every process's record.
 
 Peak memory: on CUDA the most bytes of tensors allocated at once (`max_memory_allocated`); on
 CPU the peak resident set of the whole process (`getrusage`), which includes the interpreter,
@@ -32,10 +32,11 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from accelerate.utils import gather_object
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.tensorboard import SummaryWriter
@@ -43,9 +44,10 @@ from transformers import GPT2LMHeadModel, Trainer, TrainerCallback, TrainerContr
 from transformers.integrations import TensorBoardCallback
 
 from common.run_contract import GPU_MEMORY_USED, GPU_POWER, GPU_UTILIZATION, MFU, TOKENS_PER_SECOND
-from pretrain.batches import BlockSchedule
 from pretrain.model import count_parameters
-from pretrain.parallel.strategy import gather_footprints
+
+if TYPE_CHECKING:
+    from pretrain.summary import RunSetup
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +260,69 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
 # --- The loop's clock and the callbacks that feed TensorBoard ------------------------------
 
 
+class TimeBudget:
+    """Where a run's wall seconds go, from the process launch to the summary: phases timed back
+    to back (each `lap` gives the seconds since the previous one to a phase), the training loop
+    split into its first step (compilation, warm-up), its checkpoint saves and its other steps.
+    `seconds(...)` adds up to the wall time; what no phase claims is `other`.
+    """
+
+    PHASES = (
+        "imports",  # launch -> our code imported
+        "data",  # tokenizer and packed blocks
+        "model",
+        "trainer_setup",  # options, processes, Trainer and accelerate, until the first step
+        "first_step",
+        "steps",
+        "checkpoint_saves",
+        "final_save",
+        "final_eval",
+        "summary",
+        "other",
+    )
+
+    def __init__(self, launched_at: float) -> None:
+        self.launched_at = launched_at
+        self._last = launched_at
+        self.phases: dict[str, float] = {}
+        # Graphs dynamo had compiled in this process when the loop started, after its first step.
+        self.graphs_at_loop_start = self.graphs_after_first_step = 0
+        self.lap("imports")
+
+    def lap(self, phase: str) -> None:
+        now = time.time()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def seconds(
+        self, wall_seconds: float, first_step_seconds: float | None, save_seconds: float
+    ) -> dict[str, float]:
+        """Seconds per phase, in `PHASES` order, adding up to `wall_seconds`."""
+        phases = dict(self.phases)
+        loop = phases.pop("loop", 0.0)
+        if first_step_seconds is not None:
+            phases["first_step"] = first_step_seconds
+            phases["checkpoint_saves"] = save_seconds
+            phases["steps"] = loop - first_step_seconds - save_seconds
+        phases["other"] = phases.get("other", 0.0) + wall_seconds - sum(phases.values())
+        return {name: round(phases[name], 3) for name in self.PHASES if name in phases}
+
+    def compile_counts(self) -> dict[str, int]:
+        """Graphs dynamo compiled in the loop's first step, and after it (recompiles: a new
+        shape, a no-grad evaluation), up to now."""
+        return {
+            "compiles": self.graphs_after_first_step - self.graphs_at_loop_start,
+            "recompiles": graphs_compiled() - self.graphs_after_first_step,
+        }
+
+
+def graphs_compiled() -> int:
+    """Graphs torch.compile (dynamo) has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
 class LoopClock:
     """Times a training loop, whichever it is: the whole loop, its first step (compilation
     happens there), and each logging window's tokens/s and MFU with the GPU's readings, as
@@ -268,16 +333,12 @@ class LoopClock:
     """
 
     def __init__(
-        self,
-        schedule: BlockSchedule,
-        flops_per_token: float,
-        peak_flops_per_second: float | None,
-        device: torch.device,
-        snapshot_path: Path,
+        self, run: RunSetup, device: torch.device, snapshot_path: Path, budget: TimeBudget
     ) -> None:
-        self.schedule = schedule
-        self.flops_per_token = flops_per_token
-        self.peak_flops_per_second = peak_flops_per_second
+        self.budget = budget
+        self.schedule = run.schedule
+        self.flops_per_token = run.flops_per_token
+        self.peak_flops_per_second = run.peak_flops_per_second
         self.snapshot_path = snapshot_path
         self.gpu = GpuReadings(device)
         self.snapshot_taken = False
@@ -288,12 +349,15 @@ class LoopClock:
         self._window_step = 0
 
     def start(self, step: int) -> None:
+        self.budget.lap("trainer_setup")
+        self.budget.graphs_at_loop_start = graphs_compiled()
         self.loop_start = self._window_start = time.perf_counter()
         self._window_step = step
 
     def step_done(self) -> None:
         if self.first_step_seconds is None and self.loop_start is not None:
             self.first_step_seconds = time.perf_counter() - self.loop_start
+            self.budget.graphs_after_first_step = graphs_compiled()
 
     def window(self, step: int) -> dict[str, float]:
         """The scalars of the logging window that ends at `step` (empty when nothing new)."""
@@ -317,6 +381,7 @@ class LoopClock:
     def stop(self) -> None:
         if self.loop_start is not None:
             self.loop_seconds = time.perf_counter() - self.loop_start
+        self.budget.lap("loop")
 
 
 class ThroughputCallback(TrainerCallback):
@@ -356,7 +421,7 @@ class FootprintCallback(TrainerCallback):
         self.ranks: list[dict] | None = None
 
     def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
-        self.ranks = gather_footprints(rank_footprint(model, optimizer, args.device))
+        self.ranks = gather_object([rank_footprint(model, optimizer, args.device)])
 
 
 def find_tensorboard_callback(trainer: Trainer) -> TensorBoardCallback | None:

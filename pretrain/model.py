@@ -57,6 +57,7 @@ def build_model_config(
     vocab_size: int | None = None,
     dropout: float = 0.0,
     attn_implementation: str = "sdpa",
+    activation_function: str = "gelu_pytorch_tanh",
 ) -> GPT2Config:
     """Resolve a preset against a tokenizer; raise InputError for shapes that cannot work."""
     if preset_name not in PRESETS:
@@ -90,6 +91,7 @@ def build_model_config(
         # Training never reuses past keys/values; generation turns the cache back on.
         use_cache=False,
         attn_implementation=attn_implementation,
+        activation_function=activation_function,
     )
 
 

@@ -14,54 +14,39 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import datasets
 import psutil
-import transformers
-from accelerate.utils import gather_object
-from transformers import GPT2Config, PreTrainedTokenizerBase, Trainer, TrainingArguments, set_seed
+import torch
+from transformers import Trainer
 
-from common.cli import InputError, RunFailed, entry_point, parse_args
-from common.corpus import CorpusArguments
-from common.files import write_json_atomic
-from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, NVIDIA_SMI_FILE, TENSORBOARD_DIR
-from common.tokenization import load_tokenizer
-from pretrain.args import ModelArguments, PretrainArguments, ReportArguments
-from pretrain.batches import BlockSchedule, collate_blocks, global_batch_blocks
-from pretrain.blocks.args import DataArguments
-from pretrain.blocks.cache import copy_document_split, load_blocks, prepare_blocks, read_stats
+from common.cli import entry_point
+from common.run_contract import FINAL_MODEL_DIR, NVIDIA_SMI_FILE, TENSORBOARD_DIR
+from pretrain.args import PretrainArguments
+from pretrain.batches import collate_blocks
 from pretrain.checkpoints import (
-    RESUME_AUTO,
     CheckpointManifestCallback,
     CheckpointOnSignalCallback,
     DivergenceCallback,
-    check_same_run,
-    checkpoint_global_step,
-    finished_run_summary,
-    resolve_resume_checkpoint,
-    run_identity,
+    StopRequested,
 )
 from pretrain.library_fixes import (
     apply_library_fixes,
-    quiet_deepspeed_cpu_notice,
+    compiled_once,
+    library_progress_bars,
+    quiet_cpu_notices,
     trainer_creation_environment,
+    use_compile_cache,
 )
-from pretrain.loss import use_chunked_loss
 from pretrain.metrics import (
     FootprintCallback,
     LoopClock,
     ThroughputCallback,
+    TimeBudget,
     continue_tensorboard_log,
     find_tensorboard_callback,
-    flops_per_token,
-    job_peak_flops_per_second,
 )
-from pretrain.model import build_model, count_parameters
 from pretrain.parallel.strategy import (
     Request,
     check_processes_joined,
@@ -69,34 +54,19 @@ from pretrain.parallel.strategy import (
     check_strategy,
     requested_strategy,
 )
-from pretrain.precision import PrecisionChoice, resolve_precision
-from pretrain.run_folder import failed_saves_in_one_line, hold_run_folder, save_final_model
-from pretrain.summary import (
-    LoopResult,
-    RunSetup,
-    headline,
-    parameter_checksum,
-    run_summary,
-    speed_settings,
+from pretrain.plan import (
+    RunPlan,
+    build_random_model,
+    describe_run,
+    finish_run,
+    nothing_to_resume,
+    plan_run,
 )
+from pretrain.precision import PrecisionChoice, resolve_precision
+from pretrain.run_folder import failures_in_one_line, hold_run_folder, save_final_model
+from pretrain.summary import LoopResult, RunSetup, replica_checksums, run_summary
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RunPlan:
-    """What is decided before any weight exists: the checked inputs, the data, the steps."""
-
-    tokenizer: PreTrainedTokenizerBase
-    model_config: GPT2Config
-    precision: PrecisionChoice
-    blocks: datasets.DatasetDict
-    data: dict[str, Any]  # the cache folder and its stats.json
-    schedule: BlockSchedule
-    resume_checkpoint: Path | None
-    resumed_from_step: int
-    identity: dict[str, Any]  # what a checkpoint of this run records (pretrain/checkpoints.py)
-    request: Request
 
 
 @dataclass
@@ -108,130 +78,81 @@ class TrainerSetup:
     footprint: FootprintCallback
     stop_on_signal: CheckpointOnSignalCallback
     divergence: DivergenceCallback
+    manifests: CheckpointManifestCallback
     run: RunSetup
 
 
-def pretrain(args: PretrainArguments, launched_at: float) -> int:
-    """Check the inputs and plan the run, build the trainer, train, summarise; the exit code.
+def pretrain(args: PretrainArguments, budget: TimeBudget) -> int:
+    """Plan the run, build the trainer, train, summarise; the exit code.
 
     The run holds its folder for its lifetime; a failed save is one line (RunFailed), and so
-    is a run that diverged, after its summary is written.
+    is a run that diverged, after its summary is written. SIGTERM or SIGUSR1 before the first
+    step stops it at once, during training after a checkpoint (exit code 128 + signal).
     """
     training_args = args.training
     # Before the folder lock: processes that did not join would each take it as rank 0.
     check_processes_joined(training_args)
     output_dir = Path(training_args.output_dir)
-    finished = finished_run_summary(output_dir)
-    if finished is not None and training_args.resume_from_checkpoint == RESUME_AUTO:
-        if training_args.process_index == 0:
-            print(f"run folder {output_dir} holds a finished run ({headline(finished)}); "
-                  "nothing to do")  # fmt: skip
-        return 0
-    with hold_run_folder(output_dir, training_args):
-        plan = plan_run(args)
-        setup = build_trainer(args, plan)
-        is_main = setup.trainer.is_world_process_zero()
-        # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
-        checkpoint_bytes = 12 * setup.run.num_parameters
-        with failed_saves_in_one_line(output_dir, checkpoint_bytes, is_main):
-            stopped_by = train(setup, plan)
-            if stopped_by is not None:
-                return 128 + int(stopped_by)
-            summary = run_summary(setup.run, measure(setup, plan), launched_at)
-            if is_main:
-                write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
-                print(f"{headline(summary)}; run folder {output_dir}")
-    if summary["diverged"]:
-        raise RunFailed(
-            f"training diverged at step {summary['diverged_at_step']} "
-            f"({summary['divergence']}) and stopped; {output_dir}/{GPT_SUMMARY_FILE} records the "
-            "run as diverged, with no final/ model; lower --learning_rate or lengthen "
-            "--warmup_steps, and start a new run"
+    stop_on_signal = CheckpointOnSignalCallback()
+    try:
+        with stop_on_signal.caught(), hold_run_folder(output_dir, training_args):
+            return train_and_summarise(args, stop_on_signal, budget)
+    except StopRequested as stop:
+        logger.warning(
+            "stopped by %s before training started; nothing was kept", stop.received.name
         )
-    return 0
+        return 128 + int(stop.received)
 
 
-def plan_run(args: PretrainArguments) -> RunPlan:
-    """Check everything that can be checked cheaply, then prepare the blocks and count steps."""
-    training_args, data_args = args.training, args.data
+def train_and_summarise(
+    args: PretrainArguments, stop_on_signal: CheckpointOnSignalCallback, budget: TimeBudget
+) -> int:
+    """The run in its folder: plan, Trainer, training, final model, evaluation, summary."""
+    training_args = args.training
+    output_dir = Path(training_args.output_dir)
     request = requested_strategy(training_args)
     check_request_fits_device(request, training_args.device)
     precision = resolve_precision(training_args)
-    tokenizer = load_tokenizer(data_args.tokenizer_dir)
-    model_config = args.model.model_config(tokenizer, data_args.block_size)
-    batch_blocks = global_batch_blocks(training_args)
-    check_budget_fills_a_batch(data_args, training_args, batch_blocks)
-    with training_args.main_process_first(local=False, desc="checking the run folder"):
-        resume_checkpoint = resolve_resume_checkpoint(
-            training_args.output_dir,
-            training_args.resume_from_checkpoint,
-            remove_unusable=training_args.should_save,
-        )
-    # The main process builds the cache; the others then find it ready (shared filesystem).
-    with training_args.main_process_first(local=False, desc="preparing packed blocks"):
-        cache_dir = prepare_blocks(args.corpus, data_args, tokenizer)
-    blocks = load_blocks(cache_dir)
-    schedule = BlockSchedule.one_pass(
-        len(blocks["train"]), batch_blocks, data_args.block_size, training_args.max_steps
-    )
-    training_args.max_steps = schedule.max_steps
-    data = {"cache_dir": str(cache_dir), **read_stats(cache_dir)}
-    identity = run_identity(training_args, data, model_config, schedule)
-    if resume_checkpoint is not None:
-        check_same_run(resume_checkpoint, identity)
-    logger.info(
-        "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
-        f"{schedule.num_train_blocks:,}",
-        schedule.block_size,
-        schedule.batch_blocks,
-        f"{schedule.batch_tokens:,}",
-        schedule.max_steps,
-    )
-    return RunPlan(
-        tokenizer=tokenizer,
-        model_config=model_config,
-        precision=precision,
-        blocks=blocks,
-        data=data,
-        schedule=schedule,
-        resume_checkpoint=resume_checkpoint,
-        resumed_from_step=checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
-        identity=identity,
-        request=request,
-    )
+    budget.lap("trainer_setup")
+    plan = plan_run(args, training_args.global_batch_blocks, resumable=True)
+    budget.lap("data")
+    is_main = training_args.process_index == 0
+    if plan.finished is not None:
+        return nothing_to_resume(plan.finished, output_dir, is_main)
+    setup = build_trainer(args, plan, request, precision, stop_on_signal, budget)
+    # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
+    checkpoint_bytes = 12 * setup.run.num_parameters
+    with compiled_once(), failures_in_one_line(output_dir, checkpoint_bytes, is_main):
+        stopped_by = train(setup, plan)
+        if stopped_by is not None:
+            return 128 + int(stopped_by)
+        finish_run(run_summary(setup.run, measure(setup, plan)), output_dir, is_main)
+    return 0
 
 
-def check_budget_fills_a_batch(
-    data_args: DataArguments, training_args: TrainingArguments, batch_blocks: int
-) -> None:
-    """Refuse a token budget below one optimizer step before tokenizing anything."""
-    batch_tokens = batch_blocks * data_args.block_size
-    if data_args.max_train_tokens is not None and data_args.max_train_tokens < batch_tokens:
-        raise InputError(
-            f"--max_train_tokens {data_args.max_train_tokens:,} is less than one global batch of "
-            f"{batch_tokens:,} tokens ({training_args.world_size} processes x "
-            f"{training_args.per_device_train_batch_size} blocks x "
-            f"{training_args.gradient_accumulation_steps} accumulation x {data_args.block_size}); "
-            "raise the budget or lower the batch"
-        )
-
-
-def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
-    """The random model, the Trainer around it (accelerate set up inside) and our callbacks."""
+def build_trainer(
+    args: PretrainArguments,
+    plan: RunPlan,
+    request: Request,
+    precision: PrecisionChoice,
+    stop_on_signal: CheckpointOnSignalCallback,
+    budget: TimeBudget,
+) -> TrainerSetup:
+    """The random model, the Trainer around it (accelerate set up inside) and our callbacks;
+    the strategy accelerate set up is checked against the one `request`ed."""
     training_args = args.training
-    set_seed(training_args.seed)  # the random initial weights are part of the experiment
-    model = build_model(plan.model_config)
-    if args.model.loss_implementation == "chunked":
-        use_chunked_loss(model)
+    model = build_random_model(args, plan)
+    budget.lap("model")
+    if training_args.torch_compile:
+        compile_cache = args.model.compile_cache_dir
+        use_compile_cache(
+            Path(compile_cache or Path(args.data.cache_dir) / "compile"),
+            explicit=bool(compile_cache),
+        )
     output_dir = Path(training_args.output_dir)
     tensorboard_dir = output_dir / TENSORBOARD_DIR
-    # The run reports the validation loss only; keeping the logits would hold validation
-    # blocks x 1024 x vocabulary floats.
-    training_args.prediction_loss_only = True
-    if "tensorboard" not in training_args.report_to:
-        training_args.report_to = [*training_args.report_to, "tensorboard"]
-    stop_on_signal = CheckpointOnSignalCallback()
     divergence = DivergenceCallback()
+    manifests = CheckpointManifestCallback(plan.identity)
     apply_library_fixes()
     with trainer_creation_environment(tensorboard_dir, args.model.compile_regions):
         trainer = Trainer(
@@ -241,58 +162,30 @@ def build_trainer(args: PretrainArguments, plan: RunPlan) -> TrainerSetup:
             eval_dataset=plan.blocks["validation"] if len(plan.blocks["validation"]) else None,
             data_collator=collate_blocks,
             processing_class=plan.tokenizer,
-            callbacks=[stop_on_signal, divergence, CheckpointManifestCallback(plan.identity)],
+            callbacks=[stop_on_signal, divergence, manifests],
         )
     # From here accelerate has set up the processes, devices and precision it will train with.
     accelerator_state = str(trainer.accelerator.state)
     logger.info("accelerator state:\n%s", accelerator_state)
-    strategy = check_strategy(plan.request, trainer.accelerator)
+    strategy = check_strategy(request, trainer.accelerator)
     logger.info(
         "parallelism: %s (%s, %d processes), as requested",
         strategy.name,
         strategy.distributed_type,
         strategy.num_processes,
     )
-
     tensorboard = find_tensorboard_callback(trainer)
     if tensorboard is not None and trainer.is_world_process_zero():
         continue_tensorboard_log(tensorboard, tensorboard_dir, plan.resumed_from_step)
-    run = RunSetup(
-        config={
-            **args.to_dict(),
-            "model_config": model.config.to_dict(),
-            "precision_source": plan.precision.source,
-        },
-        final_loss_window=args.report.final_loss_window,
-        loss_threshold=args.report.loss_threshold,
-        schedule=plan.schedule,
-        data=plan.data,
-        num_parameters=count_parameters(model),
-        flops_per_token=flops_per_token(model, args.data.block_size),
-        peak_flops_per_second=job_peak_flops_per_second(
-            args.report.peak_tflops, training_args.device, training_args.world_size
-        ),
-        strategy=strategy,
-        accelerator_state=accelerator_state,
-        speed_settings=speed_settings(
-            args.model,
-            training_args,
-            precision=plan.precision.name,
-            tf32=plan.precision.tf32,
-            model_config=model.config,
-        ),
+    run = describe_run(
+        args, plan, model, strategy, accelerator_state, precision.name, precision.tf32
     )
-    clock = LoopClock(
-        plan.schedule,
-        run.flops_per_token,
-        run.peak_flops_per_second,
-        training_args.device,
-        snapshot_path=output_dir / NVIDIA_SMI_FILE,
-    )
+    run.config["precision_source"] = precision.source
+    clock = LoopClock(run, training_args.device, output_dir / NVIDIA_SMI_FILE, budget)
     trainer.add_callback(ThroughputCallback(tensorboard, clock))
     footprint = FootprintCallback()
     trainer.add_callback(footprint)
-    return TrainerSetup(trainer, clock, footprint, stop_on_signal, divergence, run)
+    return TrainerSetup(trainer, clock, footprint, stop_on_signal, divergence, manifests, run)
 
 
 def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
@@ -301,8 +194,9 @@ def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
     trainer = setup.trainer
     resume = plan.resume_checkpoint
     if trainer.is_world_process_zero():
-        copy_document_split(plan.data["cache_dir"], trainer.args.output_dir)
+        plan.copy_document_split(trainer.args.output_dir)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    setup.clock.budget.lap("other")  # Trainer's own work after the loop
     stop = setup.stop_on_signal
     if stop.stopped_at_step is not None:
         logger.warning(
@@ -315,16 +209,23 @@ def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
         return stop.received
     if setup.divergence.diverged_at_step is None:
         save_final_model(trainer, Path(trainer.args.output_dir) / FINAL_MODEL_DIR)
+        setup.clock.budget.lap("final_save")
     return None
 
 
 def measure(setup: TrainerSetup, plan: RunPlan) -> LoopResult:
-    """Evaluate once (unless the run diverged), then collect what the loop measured."""
+    """Evaluate once (unless the run diverged), then collect what the loop measured.
+
+    The evaluation runs the weights eagerly: compiled, its no-grad forward would be a new graph
+    to compile for a single pass (docs/BENCHMARKS.md measures both).
+    """
     trainer = setup.trainer
     divergence = setup.divergence
     eval_loss = None
     if trainer.eval_dataset is not None and divergence.diverged_at_step is None:
-        eval_loss = trainer.evaluate()["eval_loss"]
+        with torch.compiler.set_stance("force_eager"):
+            eval_loss = trainer.evaluate()["eval_loss"]
+        setup.clock.budget.lap("final_eval")
     return LoopResult(
         start_step=plan.resumed_from_step,
         global_step=trainer.state.global_step,
@@ -336,54 +237,26 @@ def measure(setup: TrainerSetup, plan: RunPlan) -> LoopResult:
         replica_checksums=replica_checksums(trainer),
         diverged_at_step=divergence.diverged_at_step,
         divergence=divergence.reading,
+        budget=setup.clock.budget,
+        checkpoint_saves=setup.manifests.saves,
     )
-
-
-def replica_checksums(trainer: Trainer) -> list[str] | None:
-    """One parameter checksum per process (None when the parameters are sharded)."""
-    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
-        return None
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    return gather_object([parameter_checksum(model)])
 
 
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainArguments:
     """(model, corpus, data, report, training) arguments from flags and `--config`."""
-    return PretrainArguments(
-        *parse_args(
-            (ModelArguments, CorpusArguments, DataArguments, ReportArguments, TrainingArguments),
-            argv,
-            description="Pretrain GPT-2 from scratch on packed blocks (transformers Trainer).",
-            prog="pretrain/run.py",
-        )
+    (args,) = PretrainArguments.parse(
+        argv, description="Pretrain GPT-2 from scratch on packed blocks (transformers Trainer)."
     )
-
-
-@contextmanager
-def library_progress_bars(enabled: bool) -> Iterator[None]:
-    """`--disable_tqdm` reaches only Trainer's own bars; hide those of datasets (tokenizing,
-    saving blocks) and transformers (writing model shards) too while the run lasts."""
-    datasets_bars = datasets.utils.is_progress_bar_enabled()
-    transformers_bars = transformers.utils.logging.is_progress_bar_enabled()
-    if not enabled:
-        datasets.utils.disable_progress_bars()
-        transformers.utils.logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if datasets_bars and not enabled:
-            datasets.utils.enable_progress_bars()
-        if transformers_bars and not enabled:
-            transformers.utils.logging.enable_progress_bar()
+    return args
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    launched_at = psutil.Process().create_time()
+    budget = TimeBudget(launched_at=psutil.Process().create_time())
     args = parse_pretrain_args(argv)
-    quiet_deepspeed_cpu_notice()
+    quiet_cpu_notices()
     with library_progress_bars(enabled=not args.training.disable_tqdm):
-        return pretrain(args, launched_at)
+        return pretrain(args, budget)
 
 
 if __name__ == "__main__":

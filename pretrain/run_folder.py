@@ -5,7 +5,8 @@ in one line.
   folder is refused, naming the holder. The kernel drops the lock of a killed process.
 - `final/` appears only when complete (written under a temporary name, then renamed).
 - A save that fails (a checkpoint, the final model, the summary) is one line naming the folder
-  and the cause (a full disk with its free space), the unfinished checkpoint removed.
+  and the cause (a full disk with its free space), the unfinished files removed; so is a run
+  stopped because another of its processes stopped.
 """
 
 from __future__ import annotations
@@ -14,24 +15,20 @@ import errno
 import logging
 import os
 import shutil
-import traceback
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import torch.distributed as dist
+from accelerate.utils import broadcast_object_list
 from transformers import Trainer, TrainingArguments
 
 from common.cli import InputError, RunFailed
-from common.files import LOCK_FILE, LockHeld, exclusive_lock
-from pretrain.checkpoints import RESUME_AUTO, list_checkpoints, read_manifest
-from pretrain.parallel.strategy import from_rank
+from common.files import LOCK_FILE, LockHeld, exclusive_lock, replace_dir
+from common.run_contract import FINAL_MODEL_DIR
+from pretrain.checkpoints import RESUME_AUTO, list_checkpoints, read_manifest, seal_checkpoint
 
 logger = logging.getLogger(__name__)
-
-# The functions whose failure is a failed save (as opposed to a bug in training).
-SAVING_FUNCTIONS = frozenset(
-    {"_save_checkpoint", "save_model", "save_final_model", "write_json_atomic", "on_save"}
-)
 
 
 @contextmanager
@@ -57,7 +54,7 @@ def hold_run_folder(output_dir: Path, training_args: TrainingArguments) -> Itera
                 )
             except OSError as err:
                 refusal = f"cannot write to output folder {output_dir}: {err.strerror}"
-        refusal = from_rank(0, refusal)
+        (refusal,) = broadcast_object_list([refusal])
         if refusal is not None:
             raise InputError(refusal)
         try:
@@ -68,48 +65,72 @@ def hold_run_folder(output_dir: Path, training_args: TrainingArguments) -> Itera
             raise
 
 
-@contextmanager
-def failed_saves_in_one_line(
-    output_dir: Path, checkpoint_bytes: int, is_main: bool
-) -> Iterator[None]:
-    """Turn a save that fails (a checkpoint, the final model, the summary) into `RunFailed`:
-    one line naming the folder and the cause, the unfinished checkpoint removed. Other
-    exceptions pass through unchanged.
+def unfinished_saves(output_dir: Path) -> set[Path]:
+    """What a save cut short leaves: checkpoints without their manifest, the final model's
+    staging folder."""
+    staging = staging_dir_of(output_dir / FINAL_MODEL_DIR)
+    return {path for path in list_checkpoints(output_dir) if read_manifest(path) is None} | (
+        {staging} if staging.exists() else set()
+    )
 
-    `checkpoint_bytes` is about what a checkpoint takes: a failure while the disk has less than
-    that free is a full disk, whatever the writer's own message says (torch's zip writer says
-    "unexpected pos", safetensors an I/O error).
+
+def staging_dir_of(final_dir: Path) -> Path:
+    return final_dir.with_name(f".{final_dir.name}.tmp")
+
+
+@contextmanager
+def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool) -> Iterator[None]:
+    """Turn a run that fails after good input into `RunFailed`, one line: a save that fails (a
+    checkpoint, the final model, the summary), with the unfinished files this run left
+    removed; another process of the run that stopped (a collective failed). Other exceptions
+    (bugs) pass through unchanged.
+
+    A save failed when it left unfinished files behind or the disk is full. `checkpoint_bytes`
+    is about what a checkpoint takes: a failure while the disk has less than that free is a
+    full disk, whatever the writer's own message says (torch's zip writer says "unexpected
+    pos", safetensors an I/O error).
     """
+    earlier = unfinished_saves(output_dir)
     try:
         yield
     except Exception as err:
-        if not _raised_while_saving(err):
+        chain = exception_chain(err)
+        peer_failure = next((e for e in chain if isinstance(e, dist.DistError)), None)
+        if peer_failure is not None:
+            raise RunFailed(
+                f"another process of this run stopped ({type(peer_failure).__name__}: "
+                f"{' '.join(str(peer_failure).split())[:160]}); the launcher's message names "
+                f"it; continue with --resume_from_checkpoint {RESUME_AUTO}"
+            ) from err
+        unfinished = unfinished_saves(output_dir) - earlier
+        disk_full = any(
+            isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain
+        )
+        if not unfinished and not disk_full:
             raise
-        cause = _save_failure_cause(err, output_dir, checkpoint_bytes)
-        removed = []
         if is_main:
-            removed = [
-                path.name for path in list_checkpoints(output_dir) if not read_manifest(path)
-            ]
-            for name in removed:
-                shutil.rmtree(output_dir / name, ignore_errors=True)
-        kept = f"; removed the unfinished {', '.join(removed)}" if removed else ""
+            for path in unfinished:
+                shutil.rmtree(path, ignore_errors=True)
+        names = ", ".join(sorted(path.name for path in unfinished))
+        kept = f"; removed the unfinished {names}" if unfinished else ""
+        cause = save_failure_cause(chain, output_dir, checkpoint_bytes)
         raise RunFailed(
             f"cannot save in {output_dir}: {cause}{kept}; free space (or pass another "
             f"--output_dir) and continue with --resume_from_checkpoint {RESUME_AUTO}"
         ) from err
 
 
-def _raised_while_saving(err: BaseException) -> bool:
-    names = {frame.name for frame in traceback.extract_tb(err.__traceback__)}
-    return bool(names & SAVING_FUNCTIONS)
-
-
-def _save_failure_cause(err: BaseException, output_dir: Path, checkpoint_bytes: int) -> str:
-    chain, seen = [], err
+def exception_chain(err: BaseException) -> list[BaseException]:
+    """`err` and the exceptions it was raised from or during, innermost last."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = err
     while seen is not None and seen not in chain:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def save_failure_cause(chain: list[BaseException], output_dir: Path, checkpoint_bytes: int) -> str:
     for exception in chain:
         if isinstance(exception, OSError) and exception.errno:
             return os.strerror(exception.errno).lower() + (
@@ -121,24 +142,23 @@ def _save_failure_cause(err: BaseException, output_dir: Path, checkpoint_bytes: 
             f"{os.strerror(errno.ENOSPC).lower()} ({free / 2**20:,.1f} MiB free, a checkpoint "
             f"takes about {checkpoint_bytes / 2**20:,.1f} MiB)"
         )
-    return f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    return f"{type(chain[0]).__name__}: {' '.join(str(chain[0]).split())[:200]}"
 
 
 def save_final_model(trainer: Trainer, final_dir: Path) -> None:
-    """Model (safetensors) + tokenizer into `final_dir`, which appears only when complete."""
-    staging_dir = final_dir.with_name(f".{final_dir.name}.tmp")
-    if trainer.is_world_process_zero() and staging_dir.exists():
+    """Model (safetensors) + tokenizer into `final_dir`, sealed by a manifest of its files;
+    it appears only when complete, and replaces an earlier one by renames: `final_dir` is
+    whole or absent, never half there."""
+    staging_dir = staging_dir_of(final_dir)
+    is_main = trainer.is_world_process_zero()
+    if is_main and staging_dir.exists():
         shutil.rmtree(staging_dir)
     trainer.accelerator.wait_for_everyone()
-    try:
-        trainer.save_model(str(staging_dir))  # every rank: FSDP gathers the shards here
-    except BaseException:
-        if trainer.is_world_process_zero():
-            shutil.rmtree(staging_dir, ignore_errors=True)
-        raise
+    # Every rank (FSDP gathers the shards here); a failure leaves the staging folder to
+    # `failures_in_one_line`, which removes it.
+    trainer.save_model(str(staging_dir))
     trainer.accelerator.wait_for_everyone()
-    if trainer.is_world_process_zero():
-        if final_dir.exists():
-            shutil.rmtree(final_dir)
-        staging_dir.rename(final_dir)
+    if is_main:
+        seal_checkpoint(staging_dir, {})
+        replace_dir(staging_dir, final_dir)
         logger.info("final model and tokenizer saved in %s", final_dir)

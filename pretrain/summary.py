@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import GPT2Config, TrainingArguments
+from accelerate.utils import gather_object
+from transformers import GPT2Config, Trainer, TrainingArguments
 
 from common.run_contract import GPT_SUMMARY_VERSION
 from common.system import hardware_description, library_versions
 from pretrain.args import ModelArguments
 from pretrain.batches import BlockSchedule
-from pretrain.metrics import model_flops_utilization
+from pretrain.metrics import TimeBudget, model_flops_utilization
 from pretrain.parallel.strategy import Strategy
 
 
@@ -41,6 +42,11 @@ class RunSetup:
     strategy: Strategy
     accelerator_state: str
     speed_settings: dict[str, Any]
+    # What a checkpoint of this run records (Trainer's loop): a finished run is compared with it.
+    run_identity: dict[str, Any] | None = None
+    # Checkpoints that resuming skipped: each one's name, why, and where it was moved.
+    skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)
+    token_budget: int | None = None  # --max_train_tokens as asked (the run may round it up)
 
 
 @dataclass(frozen=True)
@@ -61,10 +67,16 @@ class LoopResult:
     # was seen there ("loss nan"); None for a run that stayed finite.
     diverged_at_step: int | None = None
     divergence: str | None = None
+    # Where the wall seconds went (laps up to the evaluation), and each checkpoint save.
+    budget: TimeBudget | None = None
+    checkpoint_saves: list[dict[str, float]] = field(default_factory=list)
 
 
-def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict[str, Any]:
+def run_summary(setup: RunSetup, result: LoopResult) -> dict[str, Any]:
     """The content of run_summary.json."""
+    budget = result.budget
+    budget.lap("summary")
+    wall_seconds = time.time() - budget.launched_at
     schedule = setup.schedule
     session_tokens = schedule.tokens_seen(result.global_step) - schedule.tokens_seen(
         result.start_step
@@ -82,7 +94,14 @@ def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict
     return {
         "summary_version": GPT_SUMMARY_VERSION,
         # Time and speed of this session.
-        "wall_seconds": time.time() - launched_at,  # from the process launch, imports included
+        "wall_seconds": wall_seconds,  # from the process launch, imports included
+        "time_budget": budget.seconds(
+            wall_seconds,
+            result.first_step_seconds,
+            sum(save["seconds"] for save in result.checkpoint_saves),
+        ),
+        "checkpoint_saves": result.checkpoint_saves,
+        "compile": budget.compile_counts() if setup.speed_settings.get("compile") else None,
         "train_loop_seconds": result.loop_seconds,
         "first_step_seconds": result.first_step_seconds,
         "tokens_per_second": tokens_per_second,
@@ -94,12 +113,12 @@ def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict
         # Where the whole run ended, and the verdict.
         "global_step": result.global_step,
         "tokens_trained": schedule.tokens_seen(result.global_step),
+        "token_budget": setup.token_budget,
         "final_loss": final_loss,
         "final_loss_window": window,
         "loss_threshold": setup.loss_threshold,
-        "loss_below_threshold": passed,
+        # The one verdict: pass (final loss below the threshold), fail, or diverged.
         "verdict": "diverged" if diverged else "pass" if passed else "fail",
-        "diverged": diverged,
         "diverged_at_step": result.diverged_at_step,
         "divergence": result.divergence,
         "eval_loss": result.eval_loss,
@@ -111,6 +130,8 @@ def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict
         "max_steps": schedule.max_steps,
         "global_batch_tokens": schedule.batch_tokens,
         "resumed_from_step": result.start_step,
+        "skipped_checkpoints": setup.skipped_checkpoints,
+        "run_identity": setup.run_identity,
         "data": setup.data,
         # What was trained, where, and with which settings.
         "num_parameters": setup.num_parameters,
@@ -132,19 +153,33 @@ def run_summary(setup: RunSetup, result: LoopResult, launched_at: float) -> dict
 
 
 def headline(summary: dict[str, Any]) -> str:
-    """The result in one line: final loss against the threshold, eval loss, speed."""
-    if summary.get("diverged"):
+    """The result in one line: final loss against the threshold, eval loss, speed, tokens, and
+    where the wall seconds went."""
+    if summary["verdict"] == "diverged":
         return (
             f"DIVERGED at step {summary['diverged_at_step']} ({summary['divergence']}): no "
             f"final loss to hold against {summary['loss_threshold']:g}"
         )
-    verdict = "below" if summary["loss_below_threshold"] else "NOT below"
-    return (
+    verdict = "below" if summary["verdict"] == "pass" else "NOT below"
+    tokens = f"{summary['tokens_trained']:,} tokens"
+    budget = summary.get("token_budget")
+    if budget and budget < summary["tokens_trained"]:
+        tokens += f" (the budget {budget:,} in whole batches)"
+    elif budget and budget > summary["tokens_trained"]:
+        tokens += f" (of the budget {budget:,})"
+    line = (
         f"final loss {_rounded(summary['final_loss'])} ({verdict} "
         f"{summary['loss_threshold']:g}), eval loss {_rounded(summary['eval_loss'])} "
-        f"({_rounded(summary.get('bits_per_byte'))} bits/byte), "
+        f"({_rounded(summary.get('bits_per_byte'))} bits/byte), {tokens}, "
         f"{summary['tokens_per_second'] or 0:,.0f} tokens/s"
     )
+    seconds = summary.get("time_budget")
+    if seconds:
+        parts = ", ".join(
+            f"{name.replace('_', ' ')} {value:.1f}" for name, value in seconds.items()
+        )
+        line += f"; {summary['wall_seconds']:.1f} s: {parts}"
+    return line
 
 
 def _rounded(loss: float | None) -> str:
@@ -219,3 +254,11 @@ def parameter_checksum(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(parameter.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()
+
+
+def replica_checksums(trainer: Trainer) -> list[str] | None:
+    """One parameter checksum per process (None when the parameters are sharded)."""
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        return None
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return gather_object([parameter_checksum(model)])

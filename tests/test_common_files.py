@@ -16,8 +16,11 @@ from common.files import (
     exclusive_lock,
     file_digests,
     finite_or_null,
+    replace_dir,
+    sealed_folder_damage,
     write_json_atomic,
 )
+from common.run_contract import CHECKPOINT_MANIFEST_FILE
 
 
 def test_json_is_strict_nan_and_infinities_become_null(tmp_path):
@@ -68,3 +71,42 @@ def test_a_held_lock_names_its_holder_and_dies_with_its_process(tmp_path):
     with exclusive_lock(lock, wait=False):  # the kernel released it
         assert "process" in lock.read_text()
     assert not lock.exists()  # the holder removes its lock file when it lets go
+
+
+def test_a_folder_replaced_while_killed_is_whole_or_absent_never_half(tmp_path):
+    """kill -9 between the two renames of `replace_dir`: the old folder is aside, whole; the
+    target is absent (never half of either); the next replacement completes."""
+    target, new = tmp_path / "final", tmp_path / ".final.tmp"
+    for folder, text in ((target, "old"), (new, "new")):
+        folder.mkdir()
+        (folder / "model").write_text(text)
+        (folder / "tokenizer").write_text(text)
+    killed = subprocess.run(
+        [sys.executable, "-c", "import os, pathlib, signal\n"
+         "from common import files\n"
+         "renames = []\n"
+         "original = pathlib.Path.rename\n"
+         "def rename(self, to):\n"
+         "    if renames: os.kill(os.getpid(), signal.SIGKILL)  # at the second rename\n"
+         "    renames.append(to)\n"
+         "    return original(self, to)\n"
+         "pathlib.Path.rename = rename\n"
+         f"files.replace_dir(pathlib.Path({str(new)!r}), pathlib.Path({str(target)!r}))"],
+        check=False,
+    )  # fmt: skip
+    assert killed.returncode == -9
+    assert not target.exists()
+    assert (tmp_path / ".final.replaced" / "tokenizer").read_text() == "old"
+    replace_dir(new, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+    assert (target / "tokenizer").read_text() == "new"
+
+
+def test_a_sealed_folder_names_its_damage(tmp_path):
+    (tmp_path / "model").write_bytes(b"weights")
+    assert sealed_folder_damage(tmp_path) is None  # no manifest: written before manifests
+    manifest = {"files": file_digests(tmp_path)}
+    (tmp_path / CHECKPOINT_MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert sealed_folder_damage(tmp_path) is None
+    (tmp_path / "model").unlink()
+    assert sealed_folder_damage(tmp_path) == "model is missing"

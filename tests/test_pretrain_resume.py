@@ -62,17 +62,25 @@ def make_checkpoint(output_dir, step, complete=True):
     return folder
 
 
-def test_auto_resume_takes_the_newest_whole_checkpoint_and_drops_newer_unusable_ones(tmp_path):
+def test_auto_resume_takes_the_newest_whole_checkpoint_and_moves_newer_damaged_ones_aside(
+    tmp_path,
+):
     make_checkpoint(tmp_path, 4)
     make_checkpoint(tmp_path, 8)
     damaged = make_checkpoint(tmp_path, 12)
     (damaged / "model.safetensors").write_bytes(b"\0" * 8)  # truncated after it was sealed
-    never_sealed = make_checkpoint(tmp_path, 16, complete=False)  # a save cut short
+    make_checkpoint(tmp_path, 16, complete=False)  # a save cut short
 
-    chosen = resolve_resume_checkpoint(tmp_path, "auto", remove_unusable=True)
+    chosen, skipped = resolve_resume_checkpoint(tmp_path, "auto", is_main=True)
     assert chosen == tmp_path / "checkpoint-8"
-    assert not damaged.exists() and not never_sealed.exists()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-8", "checkpoint-4"]
+    # Moved aside, never deleted, and named with the reason.
+    assert [item["moved_to"] for item in skipped] == [
+        "damaged-checkpoint-16",
+        "damaged-checkpoint-12",
+    ]
+    assert "does not load" in skipped[0]["damage"] and "8 bytes" in skipped[1]["damage"]
+    assert (tmp_path / "damaged-checkpoint-12" / "model.safetensors").read_bytes() == b"\0" * 8
 
 
 def test_a_checkpoint_is_whole_only_while_every_file_matches_its_manifest(tmp_path):
@@ -82,21 +90,21 @@ def test_a_checkpoint_is_whole_only_while_every_file_matches_its_manifest(tmp_pa
     assert "model.safetensors changed" in checkpoint_damage(checkpoint)
     (checkpoint / "trainer_state.json").unlink()
     assert checkpoint_damage(checkpoint) == "trainer_state.json is missing"
-    assert "cut short" in checkpoint_damage(make_checkpoint(tmp_path, 8, complete=False))
+    assert "does not load" in checkpoint_damage(make_checkpoint(tmp_path, 8, complete=False))
 
 
 def test_auto_resume_without_checkpoints_starts_fresh(tmp_path):
-    assert resolve_resume_checkpoint(tmp_path / "new", "auto", remove_unusable=True) is None
+    assert resolve_resume_checkpoint(tmp_path / "new", "auto", is_main=True) == (None, [])
     make_checkpoint(tmp_path, 3, complete=False)
-    assert resolve_resume_checkpoint(tmp_path, "auto", remove_unusable=False) is None
-    assert (tmp_path / "checkpoint-3").exists()  # only the main process deletes
+    assert resolve_resume_checkpoint(tmp_path, "auto", is_main=False)[0] is None
+    assert (tmp_path / "checkpoint-3").exists()  # only the main process moves it aside
 
 
 def test_a_new_run_refuses_a_folder_with_checkpoints(tmp_path):
     make_checkpoint(tmp_path, 4)
     with pytest.raises(InputError, match="--resume_from_checkpoint auto"):
-        resolve_resume_checkpoint(tmp_path, None, remove_unusable=True)
-    with pytest.raises(InputError, match="cannot be resumed from: no readable"):
+        resolve_resume_checkpoint(tmp_path, None, is_main=True)
+    with pytest.raises(InputError, match="cannot be resumed from: no manifest and it does not"):
         resolve_resume_checkpoint(tmp_path, str(make_checkpoint(tmp_path, 5, False)), True)
 
 
@@ -273,9 +281,107 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_whole_one(
     weights.write_bytes(weights.read_bytes()[:100])  # truncated by a crash or a full disk
     with caplog.at_level(logging.WARNING, logger="pretrain.checkpoints"):
         assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
-    assert f"skipping checkpoint {newest}: model.safetensors has 100 bytes" in caplog.text
-    assert read_summary(output_dir)["resumed_from_step"] == checkpoint_global_step(previous)
+    assert f"skipping {newest.name}: model.safetensors has 100 bytes" in caplog.text
+    summary = read_summary(output_dir)
+    assert summary["resumed_from_step"] == checkpoint_global_step(previous)
+    (skipped,) = summary["skipped_checkpoints"]
+    assert skipped["checkpoint"] == newest.name and skipped["moved_to"] == f"damaged-{newest.name}"
+    assert (output_dir / skipped["moved_to"] / "model.safetensors").stat().st_size == 100
     # A damaged checkpoint named explicitly is refused, not half-loaded.
     (optimizer := list_checkpoints(output_dir)[-1] / "optimizer.pt").write_bytes(b"\0")
     with pytest.raises(InputError, match="optimizer.pt has 1 bytes"):
-        resolve_resume_checkpoint(output_dir, str(optimizer.parent), remove_unusable=True)
+        resolve_resume_checkpoint(output_dir, str(optimizer.parent), is_main=True)
+
+
+def test_checkpoints_without_manifests_that_load_are_adopted_never_deleted(
+    run_with_checkpoints, tmp_path, caplog
+):
+    """Checkpoints written by plain transformers (or before manifests existed) are verified by
+    loading them, sealed now, and resumed from."""
+    argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=True)
+    checkpoints = list_checkpoints(output_dir)
+    for checkpoint in checkpoints:
+        (checkpoint / CHECKPOINT_MANIFEST_FILE).unlink()
+    with caplog.at_level(logging.WARNING, logger="pretrain.checkpoints"):
+        assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
+    assert f"adopting {checkpoints[0].name}" in caplog.text
+    summary = read_summary(output_dir)
+    assert summary["resumed_from_step"] == checkpoint_global_step(checkpoints[0])
+    assert summary["skipped_checkpoints"] == []
+    assert all(checkpoint.is_dir() for checkpoint in checkpoints[1:])
+
+
+def test_resuming_a_finished_run_with_other_settings_is_refused_naming_them(
+    run_with_checkpoints, tmp_path, capsys
+):
+    argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=False)
+    before = (output_dir / GPT_SUMMARY_FILE).read_bytes()
+    assert main([*argv, "--learning_rate", "2.0e-3", "--resume_from_checkpoint", "auto"]) == 2
+    (error,) = capsys.readouterr().err.splitlines()
+    assert "holds a finished run of other settings" in error
+    assert "learning_rate: 0.002 now, 0.001 in that run" in error
+    assert (output_dir / GPT_SUMMARY_FILE).read_bytes() == before
+
+
+def test_a_signal_after_the_last_step_still_finishes_the_run(data_paths, tmp_path):
+    output_dir = tmp_path / "run"
+    argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS)
+
+    def signal_after_the_last_checkpoint():
+        wait_for_complete_checkpoint(output_dir, min_step=NUM_STEPS)
+        signal.raise_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    sender = threading.Thread(target=signal_after_the_last_checkpoint, daemon=True)
+    try:
+        sender.start()
+        assert main(argv) == 0
+        sender.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert read_summary(output_dir)["global_step"] == NUM_STEPS
+    assert (output_dir / FINAL_MODEL_DIR / "config.json").is_file()
+
+
+@pytest.mark.multiprocess
+def test_sigterm_before_the_first_step_stops_at_once_and_leaves_no_folder(data_paths, tmp_path):
+    output_dir = tmp_path / "run"
+    argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS)
+    process = subprocess.Popen(
+        run_script_command(argv), env=subprocess_env(), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        while not (output_dir / ".lock").exists() and process.poll() is None:
+            time.sleep(POLL_SECONDS)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert "stopped by SIGTERM before training started; nothing was kept" in stderr
+    assert not output_dir.exists()
+
+
+@pytest.mark.multiprocess
+def test_a_signal_saves_a_checkpoint_without_periodic_ones(data_paths, tmp_path):
+    """The course config saves no periodic checkpoint; Slurm's warning still gets one."""
+    output_dir = tmp_path / "run"
+    argv = tiny_run_argv(
+        **data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS * 10, save_strategy="no"
+    )
+    process = subprocess.Popen(
+        run_script_command(argv), env=subprocess_env(), stderr=subprocess.PIPE, text=True
+    )
+    try:
+        while not list((output_dir / TENSORBOARD_DIR).glob("events.*")):  # training started
+            assert process.poll() is None, process.stderr.read()[-2000:]
+            time.sleep(POLL_SECONDS)
+        process.send_signal(signal.SIGUSR1)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGUSR1, stderr[-2000:]
+    (checkpoint,) = list_checkpoints(output_dir)
+    assert checkpoint_damage(checkpoint) is None

@@ -7,9 +7,12 @@ import json
 import math
 import time
 
+import pytest
+
 from common.files import write_json_atomic
 from common.run_contract import GPT_REQUIRED_KEYS, GPT_SUMMARY_VERSION
 from pretrain.batches import BlockSchedule
+from pretrain.metrics import TimeBudget
 from pretrain.parallel.strategy import Strategy
 from pretrain.summary import LoopResult, RunSetup, final_training_loss, headline, run_summary
 
@@ -44,25 +47,41 @@ def result(**changes) -> LoopResult:
         "first_step_seconds": 0.5,
         "ranks": RANKS,
         "replica_checksums": ["a", "a"],
+        "budget": TimeBudget(launched_at=time.time()),
         **changes,
     }
     return LoopResult(**values)
 
 
 def test_summary_holds_every_key_and_derives_speed_and_verdicts(tmp_path):
-    launched_at = time.time() - 3.0
-    summary = run_summary(SETUP, result(), launched_at)
+    budget = TimeBudget(launched_at=time.time() - 3.0)
+    time.sleep(0.05)
+    budget.lap("data")
+    time.sleep(0.2)
+    budget.lap("loop")
+    saves = [{"step": 5, "seconds": 0.02}, {"step": 10, "seconds": 0.03}]
+    summary = run_summary(
+        SETUP, result(budget=budget, checkpoint_saves=saves, first_step_seconds=0.1)
+    )
     write_json_atomic(tmp_path / "summary.json", summary)
     written = json.loads((tmp_path / "summary.json").read_text())
     assert set(GPT_REQUIRED_KEYS) <= set(written)
     assert written["summary_version"] == GPT_SUMMARY_VERSION
     assert 3.0 <= written["wall_seconds"] < 60
+    # The time budget: every phase once, in order, adding up to the wall time.
+    seconds = written["time_budget"]
+    assert list(seconds) == [name for name in TimeBudget.PHASES if name in seconds]
+    assert sum(seconds.values()) == pytest.approx(written["wall_seconds"], abs=0.01)
+    assert seconds["imports"] >= 3.0 and seconds["data"] >= 0.05
+    assert seconds["first_step"] == 0.1 and seconds["checkpoint_saves"] == 0.05
+    assert seconds["steps"] == pytest.approx(0.2 - 0.15, abs=0.05)
+    assert written["checkpoint_saves"] == saves and written["compile"] is None
     # This session ran steps 5..10: 6 x 256 tokens in 2 s.
     assert written["tokens_per_second"] == 6 * 256 / 2.0
     assert written["mfu"] == written["tokens_per_second"] * 6000.0 / 1e9
     assert written["tokens_trained"] == 10 * 256 and written["resumed_from_step"] == 4
     assert written["final_loss"] == 5.0 and written["final_loss_window"] == 3
-    assert written["loss_below_threshold"] is True and written["replicas_in_sync"] is True
+    assert written["verdict"] == "pass" and written["replicas_in_sync"] is True
     assert written["perplexity"] == math.exp(5.5)
     assert written["bits_per_byte"] == 5.5 * 250 / 1000 / math.log(2)
     assert written["peak_memory_gib"] == 2.0  # the fullest process
@@ -72,31 +91,34 @@ def test_summary_holds_every_key_and_derives_speed_and_verdicts(tmp_path):
         "num_processes": 2,
         "ranks": RANKS,
     }
-    assert headline(written) == (
-        "final loss 5.000 (below 7), eval loss 5.500 (1.984 bits/byte), 768 tokens/s"
+    line = headline(written)
+    assert line.startswith(
+        "final loss 5.000 (below 7), eval loss 5.500 (1.984 bits/byte), 2,560 tokens, "
+        "768 tokens/s; 3."
     )
+    assert "s: imports 3." in line and ", first step 0.1, steps 0." in line
+
+
+def test_a_budget_rounded_up_to_whole_batches_is_stated_with_the_tokens_trained():
+    summary = run_summary(dataclasses.replace(SETUP, token_budget=2000), result())
+    assert summary["tokens_trained"] == 2560 and summary["token_budget"] == 2000
+    assert "2,560 tokens (the budget 2,000 in whole batches)" in headline(summary)
 
 
 def test_judgements_without_losses_speed_or_peak():
     summary = run_summary(
         dataclasses.replace(SETUP, peak_flops_per_second=None),
         result(logged_losses=[], eval_loss=None, loop_seconds=None, replica_checksums=None),
-        time.time(),
     )
-    assert summary["final_loss"] is None and summary["loss_below_threshold"] is False
+    assert summary["final_loss"] is None and summary["verdict"] == "fail"
     assert summary["bits_per_byte"] is None and summary["perplexity"] is None
     assert summary["tokens_per_second"] is None and summary["mfu"] is None
     assert summary["replicas_in_sync"] is None  # sharded: not compared
     assert headline(summary).startswith("final loss n/a (NOT below 7), eval loss n/a (n/a")
-    assert (
-        run_summary(SETUP, result(logged_losses=[7.0]), time.time())["loss_below_threshold"]
-        is False
-    )  # the threshold itself fails
-    assert (
-        run_summary(SETUP, result(replica_checksums=["a", "b"]), time.time())["replicas_in_sync"]
-        is False
-    )
-    assert run_summary(SETUP, result(eval_loss=1e6), time.time())["perplexity"] is None
+    # the threshold itself fails
+    assert run_summary(SETUP, result(logged_losses=[7.0]))["verdict"] == "fail"
+    assert run_summary(SETUP, result(replica_checksums=["a", "b"]))["replicas_in_sync"] is False
+    assert run_summary(SETUP, result(eval_loss=1e6))["perplexity"] is None
 
 
 def test_final_loss_is_the_mean_of_the_last_logged_losses():
@@ -108,13 +130,12 @@ def test_final_loss_is_the_mean_of_the_last_logged_losses():
 def test_a_diverged_run_has_no_final_loss_and_never_passes():
     summary = run_summary(
         SETUP, result(logged_losses=[0.0, 0.0], diverged_at_step=6, divergence="grad_norm nan"),
-        time.time(),
     )  # fmt: skip
     assert summary["verdict"] == "diverged" and summary["diverged_at_step"] == 6
     # Trainer logs a window of NaN losses as 0 (--logging_nan_inf_filter): never a pass.
-    assert summary["final_loss"] is None and summary["loss_below_threshold"] is False
+    assert summary["final_loss"] is None and summary["verdict"] != "pass"
     assert headline(summary) == (
         "DIVERGED at step 6 (grad_norm nan): no final loss to hold against 7"
     )
-    assert run_summary(SETUP, result(), time.time())["verdict"] == "pass"
-    assert run_summary(SETUP, result(logged_losses=[8.0]), time.time())["verdict"] == "fail"
+    assert run_summary(SETUP, result())["verdict"] == "pass"
+    assert run_summary(SETUP, result(logged_losses=[8.0]))["verdict"] == "fail"

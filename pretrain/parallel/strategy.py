@@ -15,10 +15,8 @@ import functools
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType
@@ -171,24 +169,6 @@ def check_zero3_saves_a_model(deepspeed_config: dict) -> None:
             "cannot load; set zero3_save_16bit_model: true under deepspeed_config in the "
             "accelerate config (as accelerate_configs/cpu_deepspeed_zero3.yaml does)"
         )
-
-
-def from_rank(source_rank: int, value: Any) -> Any:
-    """`value` as held by `source_rank`, on every process (a collective: all call it)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=source_rank)
-    return box[0]
-
-
-def gather_footprints(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every process's record, in rank order, on every process (a collective: all call it)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [record]
-    records: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(records, record)
-    return records
 
 
 def honour_sharding_plugins_on_cpu() -> None:

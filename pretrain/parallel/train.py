@@ -42,32 +42,26 @@ import psutil
 import torch
 import torch.distributed as dist
 from accelerate.data_loader import SeedableRandomSampler
+from accelerate.utils import broadcast_object_list, gather_object
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils.tensorboard import SummaryWriter
-from transformers import GPT2LMHeadModel, Trainer, TrainingArguments, get_scheduler, set_seed
+from transformers import GPT2LMHeadModel, Trainer, TrainerState, TrainingArguments, get_scheduler
 
-from common.cli import InputError, RunFailed, entry_point, parse_args
-from common.corpus import CorpusArguments
-from common.files import write_json_atomic
+from common.cli import InputError, entry_point
 from common.run_contract import (
     EVAL_LOSS,
-    GPT_SUMMARY_FILE,
     GRAD_NORM,
     LEARNING_RATE,
     NVIDIA_SMI_FILE,
     TENSORBOARD_DIR,
     TRAIN_LOSS,
 )
-from common.tokenization import load_tokenizer
-from pretrain.args import ModelArguments, ReportArguments, resolved_options
+from pretrain.args import ModelArguments, PretrainArguments
 from pretrain.batches import BlockSchedule
-from pretrain.blocks.args import DataArguments
-from pretrain.blocks.cache import copy_document_split, load_blocks, prepare_blocks, read_stats
 from pretrain.checkpoints import divergence
-from pretrain.metrics import LoopClock, flops_per_token, job_peak_flops_per_second, rank_footprint
-from pretrain.model import build_model, count_parameters
+from pretrain.metrics import LoopClock, TimeBudget, rank_footprint
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
     build_gpt2_pipeline,
@@ -76,18 +70,14 @@ from pretrain.parallel.pipeline import (
 from pretrain.parallel.strategy import (
     Strategy,
     check_processes_joined,
-    from_rank,
-    gather_footprints,
 )
 from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
+from pretrain.plan import build_random_model, describe_run, finish_run, plan_run
 from pretrain.run_folder import hold_run_folder
 from pretrain.summary import (
     LoopResult,
-    RunSetup,
-    headline,
     parameter_checksum,
     run_summary,
-    speed_settings,
 )
 
 logger = logging.getLogger(__name__)
@@ -138,16 +128,6 @@ class ParallelArguments:
     def strategy_name(self) -> str:
         """The name the run summary and the comparison use: single, tp, pp-gpipe or pp-1f1b."""
         return f"pp-{self.pipeline_schedule}" if self.strategy == "pp" else self.strategy
-
-
-ARGUMENT_TYPES = (
-    ParallelArguments,
-    ModelArguments,
-    CorpusArguments,
-    DataArguments,
-    ReportArguments,
-    TrainingArguments,
-)
 
 
 @dataclass
@@ -292,12 +272,6 @@ def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torc
     )
 
 
-def logging_interval(training_args: TrainingArguments, num_steps: int) -> int:
-    """Trainer's logging interval: --logging_steps, or below 1 a fraction of the steps."""
-    every = training_args.logging_steps
-    return max(math.ceil(num_steps * every), 1) if every < 1 else int(every)
-
-
 def train_steps(
     local: LocalModel,
     optimizer: torch.optim.Optimizer,
@@ -312,7 +286,9 @@ def train_steps(
     and the last grad norm and learning rate, with the window's speed, to TensorBoard."""
     device = training_args.device
     max_norm = training_args.max_grad_norm if training_args.max_grad_norm > 0 else math.inf
-    log_every = logging_interval(training_args, num_steps)
+    state = TrainerState()
+    state.compute_steps(training_args, num_steps)  # Trainer's logging interval
+    log_every = state.logging_steps
     log = StepLog()
     window_losses: list[torch.Tensor] = []
     clock.start(0)
@@ -386,46 +362,48 @@ def evaluate(local: LocalModel, blocks: datasets.Dataset, device: torch.device) 
 
 
 def train_model_parallel(
-    parallel_args: ParallelArguments,
-    model_args: ModelArguments,
-    corpus_args: CorpusArguments,
-    data_args: DataArguments,
-    report_args: ReportArguments,
-    training_args: TrainingArguments,
-    launched_at: float,
+    parallel_args: ParallelArguments, args: PretrainArguments, budget: TimeBudget
 ) -> dict[str, Any]:
-    """Prepare the data, split the model, train, evaluate; the run summary (on every rank)."""
-    strategy = parallel_args.strategy
-    check_launch(strategy, training_args)
-    drop_unused_options(model_args, training_args)
-    tokenizer = load_tokenizer(data_args.tokenizer_dir)
-    model_config = model_args.model_config(tokenizer, data_args.block_size)
-    batch_blocks = training_args.per_device_train_batch_size
+    """Plan the run, split the model, train, evaluate; the run summary (on every rank)."""
+    strategy, training_args = parallel_args.strategy, args.training
+    batch_blocks = training_args.per_device_train_batch_size  # every process sees the batch
+    model_checks = []
     if strategy == "tp":
-        check_tensor_parallel_size(model_config.n_head, training_args.world_size)
-    with training_args.main_process_first(local=False, desc="preparing packed blocks"):
-        cache_dir = prepare_blocks(corpus_args, data_args, tokenizer)
-    blocks = load_blocks(cache_dir)
-    schedule = BlockSchedule.one_pass(
-        len(blocks["train"]), batch_blocks, data_args.block_size, training_args.max_steps
-    )
+        model_checks.append(
+            lambda config: check_tensor_parallel_size(config.n_head, training_args.world_size)
+        )
+    plan = plan_run(args, batch_blocks, model_checks)
+    budget.lap("data")
     if strategy == "pp":
         check_pipeline_arguments(
-            model_config.n_layer,
+            plan.model_config.n_layer,
             training_args.world_size,
             parallel_args.pipeline_schedule,
             parallel_args.num_microbatches,
             batch_blocks,
-            last_batch_blocks=schedule.last_batch_blocks,
+            last_batch_blocks=plan.schedule.last_batch_blocks,
         )
-
-    set_seed(training_args.seed)  # the same initial weights as pretrain/run.py's
-    model = build_model(model_config)
-    num_parameters = count_parameters(model)
-    model_flops_per_token = flops_per_token(model, data_args.block_size)
+    model = build_random_model(args, plan)  # the same initial weights as pretrain/run.py's
     device = training_args.device
+    run = describe_run(
+        args,
+        plan,
+        model,
+        Strategy(parallel_args.strategy_name, LOOP_STRATEGIES[strategy], training_args.world_size),
+        accelerator_state=(
+            f"torch.distributed {dist.get_backend()}, {training_args.world_size} processes, "
+            f"device {device}"
+            if dist.is_initialized()
+            else f"one process, device {device}"
+        ),
+        precision="fp32",
+        tf32=False,
+        extra_options=(parallel_args,),
+    )
+    budget.lap("model")
     local = build_local_model(strategy, model, device, parallel_args)
     optimizer = build_optimizer(local.module, training_args)
+    schedule = plan.schedule
     scheduler = get_scheduler(
         training_args.lr_scheduler_type,
         optimizer,
@@ -433,65 +411,33 @@ def train_model_parallel(
         num_training_steps=schedule.max_steps,
         scheduler_specific_kwargs=training_args.lr_scheduler_kwargs,
     )
-    output_dir = Path(training_args.output_dir)
-    run = RunSetup(
-        config={
-            **resolved_options(
-                parallel_args, model_args, corpus_args, data_args, report_args, training_args
-            ),
-            "model_config": model_config.to_dict(),
-        },
-        final_loss_window=report_args.final_loss_window,
-        loss_threshold=report_args.loss_threshold,
-        schedule=schedule,
-        data={"cache_dir": str(cache_dir), **read_stats(cache_dir)},
-        num_parameters=num_parameters,
-        flops_per_token=model_flops_per_token,
-        peak_flops_per_second=job_peak_flops_per_second(
-            report_args.peak_tflops, device, training_args.world_size
-        ),
-        strategy=Strategy(
-            parallel_args.strategy_name, LOOP_STRATEGIES[strategy], training_args.world_size
-        ),
-        accelerator_state=(
-            f"torch.distributed {dist.get_backend()}, {training_args.world_size} processes, "
-            f"device {device}"
-            if dist.is_initialized()
-            else f"one process, device {device}"
-        ),
-        speed_settings=speed_settings(model_args, training_args, "fp32", False, model_config),
-    )
     logger.info(
         "%s over %d process(es): %d steps of %d blocks x %d tokens",
         run.strategy.name,
         training_args.world_size,
         schedule.max_steps,
         batch_blocks,
-        data_args.block_size,
+        schedule.block_size,
     )
+    output_dir = Path(training_args.output_dir)
     is_loss_rank = training_args.process_index == local.loss_rank
     if training_args.process_index == 0:
-        copy_document_split(cache_dir, output_dir)
+        plan.copy_document_split(output_dir)
     writer = SummaryWriter(str(output_dir / TENSORBOARD_DIR)) if is_loss_rank else None
-    clock = LoopClock(
-        schedule,
-        model_flops_per_token,
-        run.peak_flops_per_second,
-        device,
-        snapshot_path=output_dir / NVIDIA_SMI_FILE,
-    )
-    batches = training_batches(blocks["train"], schedule, training_args.seed)
+    clock = LoopClock(run, device, output_dir / NVIDIA_SMI_FILE, budget)
+    batches = training_batches(plan.blocks["train"], schedule, training_args.seed)
     log = train_steps(
         local, optimizer, scheduler, batches, schedule.max_steps, training_args, clock, writer
     )
-    ranks = gather_footprints(rank_footprint(local.module, optimizer, device))
-    eval_loss = None if log.diverged_at_step else evaluate(local, blocks["validation"], device)
+    ranks = gather_object([rank_footprint(local.module, optimizer, device)])
+    eval_loss = None if log.diverged_at_step else evaluate(local, plan.blocks["validation"], device)
+    budget.lap("final_eval")
     if writer is not None:
         if eval_loss is not None:
             writer.add_scalar(EVAL_LOSS, eval_loss, schedule.max_steps)
         writer.close()
-    logged_losses, eval_loss, tied_difference = from_rank(
-        local.loss_rank, (log.logged_losses, eval_loss, local.tied_weight_difference())
+    logged_losses, eval_loss, tied_difference = broadcast_object_list(
+        [log.logged_losses, eval_loss, local.tied_weight_difference()], local.loss_rank
     )
     result = LoopResult(
         start_step=0,
@@ -505,32 +451,32 @@ def train_model_parallel(
         checks={} if tied_difference is None else {"tied_weight_max_difference": tied_difference},
         diverged_at_step=log.diverged_at_step,
         divergence=log.divergence,
+        budget=budget,
     )
-    return run_summary(run, result, launched_at)
+    return run_summary(run, result)
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    launched_at = psutil.Process().create_time()
-    arguments = parse_args(
-        ARGUMENT_TYPES, argv, description=__doc__, prog="python -m pretrain.parallel.train"
+    budget = TimeBudget(launched_at=psutil.Process().create_time())
+    parallel_args, args = PretrainArguments.parse(
+        argv, (ParallelArguments,), description=__doc__, prog="python -m pretrain.parallel.train"
     )
-    training_args = arguments[-1]
+    training_args = args.training
+    # Before the folder lock: processes that did not join would each take it as rank 0.
+    check_launch(parallel_args.strategy, training_args)
+    drop_unused_options(args.model, training_args)
     output_dir = Path(training_args.output_dir)
-    with hold_run_folder(output_dir, training_args):
-        summary = train_model_parallel(*arguments, launched_at=launched_at)
-        if training_args.process_index == 0:
-            write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
-            print(f"{headline(summary)}; run folder {output_dir}")
-    if dist.is_initialized():
-        # Without the barrier, gloo sometimes aborts at exit while a peer is still shutting down.
-        dist.barrier()
-        dist.destroy_process_group()
-    if summary["diverged"]:
-        raise RunFailed(
-            f"training diverged at step {summary['diverged_at_step']} ({summary['divergence']}) "
-            f"and stopped; {output_dir}/{GPT_SUMMARY_FILE} records the run as diverged"
-        )
+    try:
+        with hold_run_folder(output_dir, training_args):
+            budget.lap("trainer_setup")
+            summary = train_model_parallel(parallel_args, args, budget)
+            finish_run(summary, output_dir, training_args.process_index == 0)
+    finally:
+        if dist.is_initialized():
+            # Without the barrier, gloo sometimes aborts at exit while a peer is shutting down.
+            dist.barrier()
+            dist.destroy_process_group()
     return 0
 
 

@@ -1,0 +1,256 @@
+"""What both training loops decide before the first step and do after the last.
+
+Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel loop
+(pretrain/parallel/train.py) run the same plan: the tokenizer, the model's shape around it, the
+packed blocks (built by the main process first, reused by the others), the steps of one pass
+over them (`max_steps` is derived here and nowhere else), the run's description for its
+summary; and after the last step, the summary written once, its headline printed, and a run
+that diverged failed in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase, set_seed
+
+from common.cli import InputError, RunFailed
+from common.files import write_json_atomic
+from common.run_contract import GPT_SUMMARY_FILE
+from common.tokenization import load_tokenizer
+from pretrain.args import PretrainArguments
+from pretrain.batches import BlockSchedule
+from pretrain.blocks.args import DataArguments
+from pretrain.blocks.cache import copy_document_split, load_blocks, prepare_blocks, read_stats
+from pretrain.checkpoints import (
+    RESUME_AUTO,
+    check_same_run,
+    checkpoint_global_step,
+    finished_run_summary,
+    identity_differences,
+    resolve_resume_checkpoint,
+    run_identity,
+)
+from pretrain.loss import use_chunked_loss
+from pretrain.metrics import flops_per_token, job_peak_flops_per_second
+from pretrain.model import build_model, count_parameters
+from pretrain.parallel.strategy import Strategy
+from pretrain.summary import RunSetup, headline, speed_settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunPlan:
+    """What is decided before any weight exists: the inputs, the data, the steps."""
+
+    tokenizer: PreTrainedTokenizerBase
+    model_config: GPT2Config
+    blocks: datasets.DatasetDict
+    data: dict[str, Any]  # the cache folder and its stats.json
+    schedule: BlockSchedule
+    resume_checkpoint: Path | None = None
+    resumed_from_step: int = 0
+    identity: dict[str, Any] | None = None  # what a checkpoint of this run records
+    skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)
+    # The summary of this same run when it already finished in the folder (resuming: nothing
+    # to do).
+    finished: dict[str, Any] | None = None
+
+    def copy_document_split(self, run_dir: str | Path) -> None:
+        """Record in the run folder which documents the blocks' splits hold (for the probe)."""
+        copy_document_split(self.data["cache_dir"], run_dir)
+
+
+def plan_run(
+    args: PretrainArguments,
+    batch_blocks: int,
+    model_checks: Sequence[Callable[[GPT2Config], None]] = (),
+    resumable: bool = False,
+) -> RunPlan:
+    """Check everything that can be checked cheaply, then prepare the blocks and count steps.
+
+    `batch_blocks` is the loop's global batch in blocks; `model_checks` refuse a model shape
+    the loop cannot split; a `resumable` loop (Trainer's) resolves --resume_from_checkpoint
+    before tokenizing anything, and refuses a checkpoint of another run.
+    """
+    training_args, data_args = args.training, args.data
+    tokenizer = load_tokenizer(data_args.tokenizer_dir)
+    model_config = args.model.model_config(tokenizer, data_args.block_size)
+    for check in model_checks:
+        check(model_config)
+    check_budget_fills_a_batch(args, batch_blocks)
+    resume_checkpoint, skipped = None, []
+    if resumable:
+        with training_args.main_process_first(local=False, desc="checking the run folder"):
+            resume_checkpoint, skipped = resolve_resume_checkpoint(
+                training_args.output_dir,
+                training_args.resume_from_checkpoint,
+                is_main=training_args.should_save,
+            )
+    # The main process builds the cache; the others then find it ready (shared filesystem).
+    with training_args.main_process_first(local=False, desc="preparing packed blocks"):
+        cache_dir = prepare_blocks(
+            args.corpus, budget_in_whole_batches(args, batch_blocks), tokenizer
+        )
+    blocks = load_blocks(cache_dir)
+    schedule = BlockSchedule.one_pass(
+        len(blocks["train"]), batch_blocks, data_args.block_size, training_args.max_steps
+    )
+    # The one place max_steps is decided: one pass over the budget's blocks.
+    training_args.max_steps = schedule.max_steps
+    data = {"cache_dir": str(cache_dir), **read_stats(cache_dir)}
+    identity = finished = None
+    if resumable:
+        identity = run_identity(training_args, data, model_config, schedule)
+        if training_args.resume_from_checkpoint == RESUME_AUTO:
+            finished = check_finished_run(Path(training_args.output_dir), identity)
+        if resume_checkpoint is not None and finished is None:
+            check_same_run(resume_checkpoint, identity)
+    logger.info(
+        "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
+        f"{schedule.num_train_blocks:,}",
+        schedule.block_size,
+        schedule.batch_blocks,
+        f"{schedule.batch_tokens:,}",
+        schedule.max_steps,
+    )
+    return RunPlan(
+        tokenizer,
+        model_config,
+        blocks,
+        data,
+        schedule,
+        resume_checkpoint,
+        checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
+        identity,
+        skipped,
+        finished,
+    )
+
+
+def check_finished_run(output_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The summary of the run that finished in `output_dir` when it is this run (None: no
+    finished run); a finished run of other settings is refused, naming what differs."""
+    finished = finished_run_summary(output_dir)
+    if finished is None:
+        return None
+    saved = finished.get("run_identity") or identity  # summaries before version 3 have none
+    differences = identity_differences(saved, identity, where="in that run")
+    if differences:
+        raise InputError(
+            f"run folder {output_dir} holds a finished run of other settings "
+            f"({'; '.join(differences)}); start a new run in another --output_dir"
+        )
+    return finished
+
+
+def budget_in_whole_batches(args: PretrainArguments, batch_blocks: int) -> DataArguments:
+    """The data options with --max_train_tokens rounded up to whole global batches (with
+    --whole_batches): every step then has the shape of the first, and compiled code never meets
+    a new one."""
+    data_args, batch_tokens = args.data, batch_blocks * args.data.block_size
+    budget = data_args.max_train_tokens
+    if budget is None or not args.training.whole_batches or budget % batch_tokens == 0:
+        return data_args
+    rounded = math.ceil(budget / batch_tokens) * batch_tokens
+    logger.info(
+        "token budget %s rounded up to %s, %d whole batches of %s tokens (--whole_batches)",
+        f"{budget:,}",
+        f"{rounded:,}",
+        rounded // batch_tokens,
+        f"{batch_tokens:,}",
+    )
+    return dataclasses.replace(data_args, max_train_tokens=rounded)
+
+
+def check_budget_fills_a_batch(args: PretrainArguments, batch_blocks: int) -> None:
+    """Refuse a token budget below one optimizer step before tokenizing anything."""
+    data_args, training_args = args.data, args.training
+    batch_tokens = batch_blocks * data_args.block_size
+    if data_args.max_train_tokens is not None and data_args.max_train_tokens < batch_tokens:
+        raise InputError(
+            f"--max_train_tokens {data_args.max_train_tokens:,} is less than one global batch of "
+            f"{batch_tokens:,} tokens ({training_args.world_size} processes x "
+            f"{training_args.per_device_train_batch_size} blocks x "
+            f"{training_args.gradient_accumulation_steps} accumulation x {data_args.block_size}); "
+            "raise the budget or lower the batch"
+        )
+
+
+def build_random_model(args: PretrainArguments, plan: RunPlan) -> GPT2LMHeadModel:
+    """The planned GPT-2 with random weights drawn from --seed (the initial weights are part of
+    the experiment: both loops start from the same ones), with the loss --loss_implementation
+    names."""
+    set_seed(args.training.seed)
+    model = build_model(plan.model_config)
+    if args.model.loss_implementation == "chunked":
+        use_chunked_loss(model)
+    return model
+
+
+def describe_run(
+    args: PretrainArguments,
+    plan: RunPlan,
+    model: GPT2LMHeadModel,
+    strategy: Strategy,
+    accelerator_state: str,
+    precision: str,
+    tf32: bool,
+    extra_options: Sequence[Any] = (),
+) -> RunSetup:
+    """The run as its summary records it: options, data, steps, model, parallelism, speed."""
+    training_args = args.training
+    return RunSetup(
+        config={**args.to_dict(*extra_options), "model_config": model.config.to_dict()},
+        final_loss_window=args.report.final_loss_window,
+        loss_threshold=args.report.loss_threshold,
+        schedule=plan.schedule,
+        data=plan.data,
+        num_parameters=count_parameters(model),
+        flops_per_token=flops_per_token(model, args.data.block_size),
+        peak_flops_per_second=job_peak_flops_per_second(
+            args.report.peak_tflops, training_args.device, training_args.world_size
+        ),
+        strategy=strategy,
+        accelerator_state=accelerator_state,
+        speed_settings=speed_settings(args.model, training_args, precision, tf32, model.config),
+        token_budget=args.data.max_train_tokens,
+        run_identity=plan.identity,
+        skipped_checkpoints=plan.skipped_checkpoints,
+    )
+
+
+def finish_run(summary: dict[str, Any], output_dir: Path, is_main: bool) -> None:
+    """Write run_summary.json and print its headline (main process); then fail a run that
+    diverged in one line, after its summary records it."""
+    if is_main:
+        write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
+        print(f"{headline(summary)}; run folder {output_dir}")
+    if summary["verdict"] == "diverged":
+        raise RunFailed(
+            f"training diverged at step {summary['diverged_at_step']} "
+            f"({summary['divergence']}) and stopped; {output_dir}/{GPT_SUMMARY_FILE} records the "
+            "run as diverged, with no final/ model; lower --learning_rate or lengthen "
+            "--warmup_steps, and start a new run"
+        )
+
+
+def nothing_to_resume(finished: dict[str, Any], output_dir: Path, is_main: bool) -> int:
+    """Resuming a run that already finished: 0 when it passed or failed, RunFailed (exit 3)
+    again when it diverged; its folder is left as it is."""
+    if finished["verdict"] == "diverged":
+        raise RunFailed(
+            f"the run in {output_dir} diverged at step {finished.get('diverged_at_step')} and "
+            "cannot be resumed; start a new run in another --output_dir"
+        )
+    if is_main:
+        print(f"run folder {output_dir} holds a finished run ({headline(finished)}); nothing to do")
+    return 0
