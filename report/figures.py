@@ -25,14 +25,8 @@ GPU_PANELS = (
 
 def gpt_figures(runs: Sequence[RunRecord]) -> list[FigureSpec]:
     """The pretraining figures; the threshold line is the runs' own (the course's 7 by default)."""
-    threshold = next(
-        (
-            r.summary["loss_threshold"]
-            for r in runs
-            if isinstance(r.summary.get("loss_threshold"), int | float)
-        ),
-        DEFAULT_LOSS_THRESHOLD,
-    )
+    thresholds = (run.summary.get("loss_threshold") for run in runs)
+    threshold = next((t for t in thresholds if isinstance(t, int | float)), DEFAULT_LOSS_THRESHOLD)
     return [
         (
             "gpt_loss.png",

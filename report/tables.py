@@ -73,15 +73,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list
 
 def summary_table(runs: Sequence[RunRecord], rows: Sequence[Row]) -> list[str]:
     """One column per run, one row per summary value."""
-    body = [
-        [row.label]
-        + [
-            row.formatter(run.summary[row.key]) if row.key in run.summary else MISSING
-            for run in runs
-        ]
-        for row in rows
-    ]
-    return markdown_table(["", *(f"`{run.name}`" for run in runs)], body)
+    return mapping_table(runs, [run.summary for run in runs], rows)
 
 
 def summary_mappings(runs: Sequence[RunRecord], key: str) -> list[dict[str, Any]]:
@@ -90,17 +82,16 @@ def summary_mappings(runs: Sequence[RunRecord], key: str) -> list[dict[str, Any]
 
 
 def mapping_table(
-    runs: Sequence[RunRecord], mappings: Sequence[dict[str, Any]], names: Sequence[str]
+    runs: Sequence[RunRecord], mappings: Sequence[dict[str, Any]], rows: Sequence[Row | str]
 ) -> list[str]:
-    """One row per name, one column per run; [] when there are no names."""
-    if not names:
-        return []
+    """One column per run (its mapping), one row per `Row` or per name (the row of the name's
+    value); [] when there are no rows."""
+    rows = [row if isinstance(row, Row) else Row(row, row) for row in rows]
     body = [
-        [name]
-        + [format_value(mapping[name]) if name in mapping else MISSING for mapping in mappings]
-        for name in names
+        [row.label] + [row.formatter(m[row.key]) if row.key in m else MISSING for m in mappings]
+        for row in rows
     ]
-    return markdown_table(["", *(f"`{run.name}`" for run in runs)], body)
+    return markdown_table(["", *(f"`{run.name}`" for run in runs)], body) if body else []
 
 
 def mapping_section(runs: Sequence[RunRecord], key: str, heading: str) -> list[str]:

@@ -39,19 +39,11 @@ CHROMIUM_TIMEOUT = 120.0
 VIRTUAL_TIME_BUDGET_MS = 15000
 # Headless, no sandbox (containers have no user namespaces), and nothing that phones home.
 CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--no-default-browser-check",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-extensions",
-    "--no-proxy-server",
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--no-default-browser-check", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-extensions", "--no-proxy-server",
     "--hide-scrollbars",
-)
+)  # fmt: skip
 
 
 class ScreenshotError(RuntimeError):
@@ -60,15 +52,11 @@ class ScreenshotError(RuntimeError):
 
 def find_chromium(explicit: str | None = None) -> str:
     """Path of the Chromium executable; InputError with the install command when missing."""
-    if explicit:
-        found = shutil.which(explicit)
-        if found is None:
-            raise InputError(f"Chromium executable {explicit} not found; pass an existing path")
+    found = next(filter(None, map(shutil.which, [explicit] if explicit else CHROMIUM_NAMES)), None)
+    if found:
         return found
-    for name in CHROMIUM_NAMES:
-        found = shutil.which(name)
-        if found:
-            return found
+    if explicit:
+        raise InputError(f"Chromium executable {explicit} not found; pass an existing path")
     raise InputError(
         "--tensorboard-screenshot needs Chromium, which is not installed; install it "
         "(Debian/Ubuntu: apt-get install chromium) or pass --chromium PATH"
@@ -103,19 +91,11 @@ def screenshot_tensorboard(
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
         tensorboard_log = scratch_dir / "tensorboard.log"
+        # --load_fast false: the Python reader, no separate data-server process to stop.
         command = [
-            sys.executable,
-            "-m",
-            "tensorboard.main",
-            *logdir_arguments(runs),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            # The Python reader: no separate data-server process to start and stop.
-            "--load_fast",
-            "false",
-        ]
+            sys.executable, "-m", "tensorboard.main", *logdir_arguments(runs),
+            "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false",
+        ]  # fmt: skip
         logger.info("starting TensorBoard on %s", base_url)
         with open(tensorboard_log, "wb") as log_handle:
             tensorboard = subprocess.Popen(
@@ -160,14 +140,10 @@ def take_screenshot(chromium_path: str, url: str, png_path: Path, scratch_dir: P
     profile_dir = scratch_dir / "chromium-profile"
     width, height = WINDOW_SIZE
     command = [
-        chromium_path,
-        *CHROMIUM_FLAGS,
-        f"--user-data-dir={profile_dir}",
-        f"--window-size={width},{height}",
-        f"--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}",
-        f"--screenshot={png_path}",
-        url,
-    ]
+        chromium_path, *CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}",
+        f"--window-size={width},{height}", f"--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}",
+        f"--screenshot={png_path}", url,
+    ]  # fmt: skip
     # Chromium forks helpers: its own session lets a timeout end all of them.
     browser = subprocess.Popen(
         command,
@@ -179,7 +155,6 @@ def take_screenshot(chromium_path: str, url: str, png_path: Path, scratch_dir: P
     try:
         output, _ = browser.communicate(timeout=CHROMIUM_TIMEOUT)
     except subprocess.TimeoutExpired:
-        stop_process_group(browser)
         raise ScreenshotError(f"Chromium took longer than {CHROMIUM_TIMEOUT:.0f} s") from None
     finally:
         stop_process_group(browser)
@@ -189,20 +164,11 @@ def take_screenshot(chromium_path: str, url: str, png_path: Path, scratch_dir: P
 
 
 def stop_process_group(process: subprocess.Popen) -> None:
-    """End a process started with its own session, and everything it started."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        except ProcessLookupError:
-            pass
-        return
-    # The leader is gone; helpers it forked may still hold the group.
+    """End a process started with its own session, and everything it started: helpers it
+    forked may outlive it. Neither TensorBoard nor Chromium has anything to save."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def output_tail(log_path: Path, num_chars: int = 2000) -> str:
