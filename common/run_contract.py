@@ -4,10 +4,22 @@ A run folder holds a summary JSON whose name says which stage wrote it, TensorBo
 files, and stage-specific artifacts. Writers (`pretrain/`, `mnist/`, `probe/`) and the reader
 (`report/`) import every name from here, so a file name, a summary key or a TensorBoard tag
 is spelled once. Adding a field to a summary touches its writer and, if shown, the report;
-`*_REQUIRED_KEYS` lists only the keys the report cannot do without.
+`*_REQUIRED_KEYS` lists only the keys the report cannot do without. Every reader of a summary
+reads it with `read_json_object` (`read_gpt_summary` for run_summary.json): strict JSON, its
+version checked.
 """
 
 from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common.cli import InputError
+
+logger = logging.getLogger(__name__)
 
 # File and folder names inside a run folder.
 GPT_SUMMARY_FILE = "run_summary.json"  # written last by pretrain/run.py: the run finished
@@ -24,49 +36,31 @@ TENSORBOARD_DIR = "tensorboard"
 # (pretrain/blocks/packing.py writes it into the cache folder; a run copies it into its folder).
 DOCUMENT_SPLIT_FILE = "document_split.json"
 
-# run_summary.json carries its version; readers note a summary of another version.
+# run_summary.json carries its version; readers note an older one and refuse a newer one.
+# 3: one `verdict` (no `loss_below_threshold`, `diverged`); `time_budget`, `checkpoint_saves`,
+# `compile` and `token_budget` added.
 GPT_SUMMARY_VERSION = 3
+# The parts of a run's wall time in run_summary.json's `time_budget`, in the order they happen:
+# launch to our code imported, tokenizer and blocks, model, Trainer, the first step (compilation
+# and warm-up), the loop's other steps (checkpoint saves excluded), the checkpoint saves, the
+# final save, the final evaluation, the summary, the rest. Seconds each, together
+# `wall_seconds`; a part may be absent or null.
+GPT_TIME_BUDGET_PARTS = (
+    "imports", "data", "model", "trainer_setup", "first_step", "steps", "checkpoint_saves",
+    "final_save", "final_eval", "summary", "other",
+)  # fmt: skip
 
 GPT_REQUIRED_KEYS = (
-    "summary_version",
-    "wall_seconds",
-    "train_loop_seconds",
-    "tokens_trained",
-    "tokens_per_second",
-    "mfu",
-    "final_loss",
-    "final_loss_window",
-    "loss_threshold",
-    "verdict",
-    "eval_loss",
-    "perplexity",
-    "bits_per_byte",
-    "max_steps",
-    "global_batch_tokens",
-    "num_parameters",
-    "hardware",
-    "versions",
-    "accelerator_state",
-    "config",
-    "speed_settings",
-)
+    "summary_version", "wall_seconds", "train_loop_seconds", "tokens_trained",
+    "tokens_per_second", "mfu", "final_loss", "final_loss_window", "loss_threshold", "verdict",
+    "eval_loss", "perplexity", "bits_per_byte", "max_steps", "global_batch_tokens",
+    "num_parameters", "hardware", "versions", "accelerator_state", "config", "speed_settings",
+)  # fmt: skip
 MNIST_REQUIRED_KEYS = (
-    "trainer",
-    "test_accuracy",
-    "test_loss",
-    "confusion_matrix",
-    "epochs",
-    "train_seconds",
-    "num_train",
-    "num_val",
-    "num_test",
-    "data_source",
-    "device",
-    "history",
-    "hardware",
-    "versions",
-    "config",
-)
+    "trainer", "test_accuracy", "test_loss", "confusion_matrix", "epochs", "train_seconds",
+    "num_train", "num_val", "num_test", "data_source", "device", "history", "hardware",
+    "versions", "config",
+)  # fmt: skip
 
 # TensorBoard tags. Both stages: training loss and learning rate per logged step.
 TRAIN_LOSS = "train/loss"
@@ -105,22 +99,13 @@ PROBE_PRETRAINED_LINEAR = "pretrained_linear"
 PROBE_RANDOM_INIT_LINEAR = "random_init_linear"
 PROBE_TFIDF = "tfidf"
 PROBE_METHODS = (
-    PROBE_PRETRAINED,
-    PROBE_RANDOM_INIT,
-    PROBE_PRETRAINED_LINEAR,
-    PROBE_RANDOM_INIT_LINEAR,
+    PROBE_PRETRAINED, PROBE_RANDOM_INIT, PROBE_PRETRAINED_LINEAR, PROBE_RANDOM_INIT_LINEAR,
     PROBE_TFIDF,
-)
+)  # fmt: skip
 PROBE_REQUIRED_KEYS = (
-    "probe_version",
-    "label_level",
-    "class_names",
-    "num_train",
-    "num_test",
-    "chance",
-    "pretraining_overlap",
-    "methods",
-)
+    "probe_version", "label_level", "class_names", "num_train", "num_test", "chance",
+    "pretraining_overlap", "methods",
+)  # fmt: skip
 PROBE_METHOD_REQUIRED_KEYS = ("accuracy", "macro_f1", "confusion_matrix", "train_seconds")
 # The probe curve (the "curve" entry): the linear probe's accuracy after each number of
 # pretraining tokens, at step 0, at every checkpoint the run folder held, and at the end.
@@ -133,3 +118,52 @@ PARALLELISM_COMPARISON_TABLE = "parallelism_comparison.md"
 PARALLELISM_COMPARISON_FIGURE = "parallelism_comparison.png"
 PARALLELISM_COMPARISON_VERSION = 1
 PARALLELISM_COMPARISON_REQUIRED_KEYS = ("comparison_version", "command", "rows", "versions")
+
+
+def read_json_object(
+    path: str | Path,
+    version_key: str | None = None,
+    version: int | None = None,
+    note: Callable[[str], None] = logger.warning,
+) -> dict[str, Any]:
+    """The JSON object in `path`, read strictly; any fault is one InputError naming the file.
+
+    A bare NaN or Infinity is refused: Python's json reads and writes them, but they are not
+    JSON, and a NaN loss would read as a number. With `version_key`, a file of a newer
+    `version` is refused (this checkout cannot know what its keys mean); one of an older
+    version is read, and `note` says so.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_not_json)
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror}") from None
+    except ValueError as err:  # a JSONDecodeError, a UnicodeDecodeError, or _not_json's
+        raise InputError(f"{path} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} does not hold a JSON object")
+    found = data.get(version_key) if version_key else version
+    if isinstance(found, int) and found > version:
+        raise InputError(
+            f"{path} has {version_key} {found}, newer than the {version} this checkout reads; "
+            "update the toolkit to read it"
+        )
+    if found != version:
+        note(f"{Path(path).name} has {version_key} {found!r}, this checkout reads {version}")
+    return data
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"it holds a bare {constant}, which JSON does not allow; null stands for it")
+
+
+def read_gpt_summary(
+    run_dir_or_file: str | Path, note: Callable[[str], None] = logger.warning
+) -> dict[str, Any]:
+    """A pretraining run's summary (the run folder's, or the file given), its version checked
+    as `read_json_object` checks it."""
+    path = Path(run_dir_or_file)
+    if path.is_dir():
+        path = path / GPT_SUMMARY_FILE
+    if not path.exists():
+        raise InputError(f"{path} does not exist: the run has not finished (it writes it last)")
+    return read_json_object(path, "summary_version", GPT_SUMMARY_VERSION, note)

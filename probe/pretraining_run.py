@@ -10,7 +10,6 @@ weights that pretraining then trained.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, set_seed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from common.cli import InputError
-from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE
+from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, read_gpt_summary
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +44,8 @@ class PretrainingRun:
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(step, folder) of every `checkpoint-<step>/` in the run folder, by step; rotation
         (`save_total_limit`) decides which are still there."""
-        found = []
-        for path in self.run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
-            match = CHECKPOINT_NAME.fullmatch(path.name)
-            if match and path.is_dir():
-                found.append((int(match.group(1)), path))
-        return sorted(found)
+        matches = ((CHECKPOINT_NAME.fullmatch(path.name), path) for path in self.run_dir.iterdir())
+        return sorted((int(match[1]), path) for match, path in matches if match and path.is_dir())
 
 
 def read_pretraining_run(run_dir: str | Path) -> PretrainingRun:
@@ -61,9 +56,8 @@ def read_pretraining_run(run_dir: str | Path) -> PretrainingRun:
             f"{run_dir} has no {FINAL_MODEL_DIR}/ model (what a finished pretraining run "
             "saves last); pass the folder of a finished run of pretrain/run.py as --run_dir"
         )
-    summary_path = run_dir / GPT_SUMMARY_FILE
+    summary = read_gpt_summary(run_dir)
     try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
         run = PretrainingRun(
             run_dir=run_dir,
             block_size=int(summary["config"]["DataArguments"]["block_size"]),
@@ -72,15 +66,10 @@ def read_pretraining_run(run_dir: str | Path) -> PretrainingRun:
             final_step=int(summary["global_step"]),
             unigram_entropy_nats=summary.get("data", {}).get("unigram_entropy_nats"),
         )
-    except FileNotFoundError:
+    except (ValueError, KeyError, TypeError) as err:
         raise InputError(
-            f"{run_dir} has no {GPT_SUMMARY_FILE} (a finished run writes it last): the probe "
-            "reads the run's block size and seed from it"
-        ) from None
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise InputError(
-            f"{summary_path} lacks the block size, seed or tokens per step the probe reads "
-            f"({type(err).__name__}: {err})"
+            f"{run_dir / GPT_SUMMARY_FILE} lacks the block size, seed or tokens per step the "
+            f"probe reads ({type(err).__name__}: {err})"
         ) from None
     return run
 

@@ -217,6 +217,20 @@ def test_run_folder_without_final_model_is_one_line(labelled_corpus, tmp_path, c
     assert list(run_dir.iterdir()) == []
 
 
+def test_summary_with_a_bare_nan_is_one_line(pretrained_run, labelled_corpus, tmp_path, capsys):
+    # As Python's default json.dumps writes a NaN loss: not JSON, and read leniently it would
+    # be a number.
+    run_dir = tmp_path / "nan_summary"
+    shutil.copytree(pretrained_run, run_dir)
+    summary = json.loads((run_dir / GPT_SUMMARY_FILE).read_text())
+    (run_dir / GPT_SUMMARY_FILE).write_text(json.dumps({**summary, "final_loss": float("nan")}))
+    assert main(probe_argv(run_dir, labelled_corpus)) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"error: {run_dir / GPT_SUMMARY_FILE} is not valid JSON"), error
+    assert "NaN" in error
+    assert not (run_dir / "probe").exists()
+
+
 def test_weights_under_other_names_are_refused_not_replaced_by_random_ones(
     pretrained_run, tmp_path
 ):
@@ -413,12 +427,12 @@ def test_probe_curve_covers_step_0_every_loadable_checkpoint_and_the_end(
 def test_report_shows_the_probe_curve_next_to_the_loss_curve(
     docstring_results, docstring_run, tmp_path
 ):
-    from report import build
+    from report import build, sections
 
     markdown = build.write_report([docstring_run], tmp_path / "report").read_text()
     figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
-    assert figures[figures.index("gpt_loss.png") + 1] == build.PROBE_CURVE_FIGURE
-    assert (tmp_path / "report" / build.PROBE_CURVE_FIGURE).stat().st_size > 10_000
+    assert figures[figures.index("gpt_loss.png") + 1] == sections.PROBE_CURVE_FIGURE
+    assert (tmp_path / "report" / sections.PROBE_CURVE_FIGURE).stat().st_size > 10_000
     for method in PROBE_METHODS:
         assert f"| `{method}` |" in markdown
     assert docstring_results["pretraining_effect"]["verdict"] in markdown
