@@ -2,8 +2,8 @@
 
     run-report RUN_DIR [RUN_DIR ...] --out runs/report [--tensorboard-screenshot]
 
-`run_folder` reads a run folder through the contract in `common/run_contract.py`, `plots`
-draws the figures, `build` writes report.md, `tensorboard_screenshot` photographs
-TensorBoard's scalars page. The report reads what the training stages wrote and imports none
-of their code, nor torch.
+`run_folder` reads a run folder through the contract in `common/run_contract.py`; `sections`
+holds each kind of run's section, built from `tables` and `figures` (which tags each curve
+figure draws; `plots` draws them); `build` writes report.md; `tensorboard_screenshot`
+photographs TensorBoard's scalars page. The report imports no training code, nor torch.
 """

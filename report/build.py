@@ -17,22 +17,8 @@ from pathlib import Path
 from common.cli import InputError
 from common.files import atomic_dir
 from report.figures import figure_lines
-from report.run_folder import (
-    COMPARISON_KIND,
-    GPT_KIND,
-    MNIST_KIND,
-    UNKNOWN_KIND,
-    load_run,
-    unique_run_names,
-)
-from report.sections import (
-    comparison_section,
-    display_path,
-    gpt_section,
-    mnist_section,
-    notes_section,
-    unknown_section,
-)
+from report.run_folder import RunRecord, load_run, unique_run_names
+from report.sections import SECTIONS, display_path, notes_section
 from report.tensorboard_screenshot import ScreenshotError, find_chromium, screenshot_tensorboard
 
 logger = logging.getLogger(__name__)
@@ -68,48 +54,34 @@ def write_report(
     with atomic_dir(out_dir, overwrite=overwrite) as staging:
         runs = [load_run(run_dir) for run_dir in run_dirs]
         unique_run_names(runs)
-        extra_notes = []
-        screenshot_lines: list[str] = []
-        if tensorboard_screenshot and not any(run.scalars for run in runs):
-            extra_notes.append("no TensorBoard screenshot: the runs hold no scalars to show")
-        elif tensorboard_screenshot:
-            try:
-                screenshot_tensorboard(
-                    {run.name: run.path for run in runs}, staging / SCREENSHOT_FILE, chromium
-                )
-                screenshot_lines = [
-                    "## TensorBoard",
-                    "",
-                    *figure_lines(
-                        staging / SCREENSHOT_FILE, "TensorBoard's scalars page for these runs"
-                    ),
-                ]
-            except ScreenshotError as err:
-                logger.error("TensorBoard screenshot failed: %s", err)
-                extra_notes.append(f"the TensorBoard screenshot failed: {err}")
+        extra_notes: list[str] = []
         body: list[str] = []
-        sections = (
-            (GPT_KIND, gpt_section),
-            (MNIST_KIND, mnist_section),
-            (COMPARISON_KIND, comparison_section),
-        )
-        for kind, section in sections:
+        for kind, section in SECTIONS.items():
             of_kind = [run for run in runs if run.kind == kind]
             if of_kind:
                 body += section(of_kind, staging)
-        unknown = [run for run in runs if run.kind == UNKNOWN_KIND]
-        if unknown:
-            body += unknown_section(unknown)
+        if tensorboard_screenshot:
+            body += screenshot_section(runs, staging, chromium, extra_notes)
         listing = [f"- `{run.name}`: {display_path(run.path)} ({run.kind})" for run in runs]
-        lines = [
-            "# Run report",
-            "",
-            *listing,
-            "",
-            *notes_section(runs, extra_notes),
-            *body,
-            *screenshot_lines,
-        ]
+        lines = ["# Run report", "", *listing, "", *notes_section(runs, extra_notes), *body]
         (staging / REPORT_FILE).write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     logger.info("report written to %s", out_dir / REPORT_FILE)
     return out_dir / REPORT_FILE
+
+
+def screenshot_section(
+    runs: Sequence[RunRecord], out_dir: Path, chromium: str | None, notes: list[str]
+) -> list[str]:
+    """TensorBoard's scalars page for the runs; [] and a note when it has nothing to show or
+    the screenshot failed."""
+    if not any(run.scalars for run in runs):
+        notes.append("no TensorBoard screenshot: the runs hold no scalars to show")
+        return []
+    path = out_dir / SCREENSHOT_FILE
+    try:
+        screenshot_tensorboard({run.name: run.path for run in runs}, path, chromium)
+    except ScreenshotError as err:
+        logger.error("TensorBoard screenshot failed: %s", err)
+        notes.append(f"the TensorBoard screenshot failed: {err}")
+        return []
+    return ["## TensorBoard", "", *figure_lines(path, "TensorBoard's scalars page for these runs")]

@@ -16,6 +16,8 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from scipy.signal import lfilter
+from sklearn.metrics import ConfusionMatrixDisplay
 
 from common import run_contract as contract
 from report.run_folder import RunRecord
@@ -52,7 +54,6 @@ class Panel:
     title: str
     ylabel: str
     curves: tuple[Curve, ...]
-    xlabel: str = "step"
     # x = seconds since the run's first logged scalar instead of the step (samplers log by time).
     time_axis: bool = False
     hline: float | None = None
@@ -72,22 +73,14 @@ def smoothing_weight(num_points: int) -> float:
 
 def ema(values: np.ndarray, weight: float) -> np.ndarray:
     """Debiased exponential moving average, as TensorBoard's smoothing slider computes it."""
-    smoothed = np.empty_like(values, dtype=np.float64)
-    last = 0.0
-    for i, value in enumerate(values):
-        last = last * weight + (1 - weight) * value
-        smoothed[i] = last / (1 - weight ** (i + 1))
-    return smoothed
-
-
-def has_data(runs: Sequence[RunRecord], panel: Panel) -> bool:
-    """Whether any run logged a curve of the panel."""
-    return any(curve.tag in run.scalars for run in runs for curve in panel.curves)
+    # last = weight * last + (1 - weight) * value from last = 0, divided by 1 - weight^(i+1).
+    debias = 1 - weight ** np.arange(1, len(values) + 1)
+    return lfilter([1 - weight], [1, -weight], np.asarray(values, np.float64)) / debias
 
 
 def plot_panels(runs: Sequence[RunRecord], panels: Sequence[Panel], path: Path) -> bool:
     """Draw the panels that have data side by side for all runs; False (no file) when none has."""
-    panels = [panel for panel in panels if has_data(runs, panel)]
+    panels = [p for p in panels if any(c.tag in run.scalars for run in runs for c in p.curves)]
     if not panels:
         return False
     figure = Figure(figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), layout="constrained")
@@ -102,8 +95,6 @@ def plot_panels(runs: Sequence[RunRecord], panels: Sequence[Panel], path: Path) 
 def draw_panel(ax, runs: Sequence[RunRecord], panel: Panel) -> None:
     """One subplot: every curve of the panel for every run that logged it."""
     for index, run in enumerate(runs):
-        color = run_color(index)
-        start = run.start_wall_time
         for curve in panel.curves:
             series = run.scalars.get(curve.tag)
             if series is None or not len(series.steps):
@@ -111,34 +102,29 @@ def draw_panel(ax, runs: Sequence[RunRecord], panel: Panel) -> None:
             x, values = series.steps, series.values
             if panel.time_axis:
                 order = np.argsort(series.wall_times, kind="stable")
-                x, values = series.wall_times[order] - start, values[order]
-            label = run.name if len(runs) > 1 else ""
-            if curve.label:
-                label = f"{label} {curve.label}".strip()
+                x, values = series.wall_times[order] - run.start_wall_time, values[order]
+            label = f"{run.name if len(runs) > 1 else ''} {curve.label}".strip()
             marker = curve.marker or ("o" if len(values) <= SPARSE_POINTS else None)
-            if curve.smoothed:
-                ax.plot(x, values, curve.style, color=color, alpha=0.25, linewidth=0.8)
-                ax.plot(
-                    x,
-                    ema(values, smoothing_weight(len(values))),
-                    curve.style,
-                    color=color,
-                    label=label,
-                    marker=marker,
-                )
-            else:
-                ax.plot(x, values, curve.style, color=color, label=label, marker=marker)
+            draw_line(ax, x, values, run_color(index), label, curve.style, marker, curve.smoothed)
     if panel.hline is not None:
-        ax.axhline(
-            panel.hline, color="black", linestyle=":", linewidth=1.2, label=panel.hline_label
-        )
-    ax.set_title(panel.title)
-    if panel.time_axis:
-        ax.set_xlabel("seconds since start")
-    else:
-        ax.set_xlabel(panel.xlabel)
+        ax.axhline(panel.hline, color="black", linestyle=":", label=panel.hline_label)
+    if not panel.time_axis:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(panel.ylabel)
+    xlabel = "seconds since start" if panel.time_axis else "step"
+    label_axes(ax, panel.title, xlabel, panel.ylabel)
+
+
+def draw_line(ax, x, values, color, label="", style="-", marker=None, smoothed=False) -> None:
+    """One curve; smoothed, the values are drawn faint behind their moving average."""
+    if smoothed:
+        ax.plot(x, values, style, color=color, alpha=0.25, linewidth=0.8)
+        values = ema(values, smoothing_weight(len(values)))
+    ax.plot(x, values, style, color=color, label=label, marker=marker)
+
+
+def label_axes(ax, title: str, xlabel: str, ylabel: str) -> None:
+    """Title, axis labels, a light grid, and the legend when a curve has a label."""
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize="small")
@@ -170,39 +156,51 @@ def plot_probe_curves(runs: Sequence[RunRecord], path: Path) -> bool:
         tokens_per_step = run.summary.get("global_batch_tokens")
         loss = run.scalars.get(contract.TRAIN_LOSS)
         if isinstance(tokens_per_step, int) and loss is not None and len(loss.steps):
-            tokens = loss.steps * tokens_per_step
-            loss_ax.plot(tokens, loss.values, color=color, alpha=0.25, linewidth=0.8)
-            smoothed = ema(loss.values, smoothing_weight(len(loss.values)))
-            loss_ax.plot(tokens, smoothed, color=color, label=f"{prefix}training loss".strip())
+            tokens, label = loss.steps * tokens_per_step, f"{prefix}training loss".strip()
+            draw_line(loss_ax, tokens, loss.values, color, label, smoothed=True)
         unigram = run.summary.get("data", {}).get("unigram_entropy_nats")
         if isinstance(unigram, int | float):
             loss_ax.axhline(
                 unigram, color=color, linestyle=":", label=f"{prefix}unigram entropy".strip()
             )
         for marker, (level, points) in zip("osD^v", probe_curves(run).items(), strict=False):
-            probe_ax.plot(
-                [point.get("tokens") for point in points],
-                [point.get("accuracy") for point in points],
-                "-",
-                marker=marker,
-                color=color,
-                label=f"{prefix}{level}",
-            )
+            tokens = [point.get("tokens") for point in points]
+            accuracy = [point.get("accuracy") for point in points]
+            draw_line(probe_ax, tokens, accuracy, color, f"{prefix}{level}", marker=marker)
             chance = run.probes[level].get("chance", {}).get("majority_class_accuracy")
             if isinstance(chance, int | float):
                 probe_ax.axhline(
                     chance, color=color, linestyle=":", label=f"{prefix}{level}: chance"
                 )
-    for ax, title, ylabel in (
-        (loss_ax, "pretraining loss", "cross-entropy (nats/token)"),
-        (probe_ax, "linear probe of the frozen network", "test accuracy"),
-    ):
-        ax.set_title(title)
-        ax.set_xlabel("pretraining tokens")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[1]:
-            ax.legend(fontsize="small")
+    tokens_label = "pretraining tokens"
+    label_axes(loss_ax, "pretraining loss", tokens_label, "cross-entropy (nats/token)")
+    label_axes(probe_ax, "linear probe of the frozen network", tokens_label, "test accuracy")
+    figure.savefig(path, dpi=DPI)
+    return True
+
+
+def plot_time_budgets(runs: Sequence[RunRecord], path: Path) -> bool:
+    """One stacked horizontal bar per run that has a time budget, its parts in order, each
+    labelled with its seconds where it is wide enough; False (no file) when no run has one."""
+    timed = [run for run in runs if run.time_budget]
+    if not timed:
+        return False
+    figure = Figure(figsize=(PANEL_SIZE[0] * 2, 1.5 + 0.5 * len(timed)), layout="constrained")
+    ax = figure.subplots()
+    names, left = [run.name for run in timed], np.zeros(len(timed))
+    # A label fits a segment of about 1/25 of the longest bar.
+    min_labelled = max(sum(run.time_budget.values()) for run in timed) / 25
+    for index, part in enumerate(contract.GPT_TIME_BUDGET_PARTS):
+        seconds = np.array([run.time_budget.get(part, 0.0) for run in timed])
+        if not seconds.any():
+            continue
+        bars = ax.barh(names, seconds, left=left, label=part, color=colormaps["tab20"](index))
+        labels = [f"{value:.3g}" if value >= min_labelled else "" for value in seconds]
+        ax.bar_label(bars, labels=labels, label_type="center", fontsize="small")
+        left += seconds
+    ax.invert_yaxis()  # the first run on top
+    ax.set_xlabel("seconds since launch")
+    figure.legend(loc="outside lower center", ncols=6, fontsize="small")
     figure.savefig(path, dpi=DPI)
     return True
 
@@ -214,9 +212,9 @@ def plot_confusion_matrix(
     class_names: Sequence[str] | None = None,
     noun: str = "digit",
 ) -> bool:
-    """Counts of (true, predicted) class pairs, annotated while the cells are large enough to
-    read; ticks named by `class_names` (default: the class numbers). False for an unusable
-    matrix."""
+    """Counts of (true, predicted) class pairs (scikit-learn's display), annotated while the
+    cells are large enough to read; ticks named by `class_names` (default: the class numbers).
+    False for an unusable matrix."""
     try:
         counts = np.asarray(matrix, dtype=np.int64)
     except (TypeError, ValueError):  # ragged or not numbers
@@ -227,23 +225,16 @@ def plot_confusion_matrix(
     # Ten digits fit the default size; more classes (134 WoS areas) get room per class.
     side = max(6.0, 0.12 * num_classes + 3.0)
     figure = Figure(figsize=(side, side * 0.9), layout="constrained")
-    ax = figure.subplots()
-    shown = ax.imshow(counts, cmap="Blues")
-    figure.colorbar(shown, ax=ax, shrink=0.8)
-    if num_classes <= MAX_ANNOTATED_CLASSES:
-        threshold = counts.max() / 2 if counts.max() else 1
-        for (row, col), count in np.ndenumerate(counts):
-            color = "white" if count > threshold else "black"
-            ax.text(col, row, str(count), ha="center", va="center", fontsize=8, color=color)
-    classes = range(num_classes)
-    ax.set_xticks(classes)
-    ax.set_yticks(classes)
-    if class_names is not None and len(class_names) == num_classes:
-        ax.set_xticklabels(class_names, rotation=90, fontsize="small")
-        ax.set_yticklabels(class_names, fontsize="small")
-    ax.set_xlabel(f"predicted {noun}")
-    ax.set_ylabel(f"true {noun}")
-    ax.set_title(title)
+    named = class_names is not None and len(class_names) == num_classes
+    display = ConfusionMatrixDisplay(counts, display_labels=class_names if named else None)
+    display.plot(
+        ax=figure.subplots(),
+        cmap="Blues",
+        include_values=num_classes <= MAX_ANNOTATED_CLASSES,
+        xticks_rotation=90 if named else "horizontal",
+        text_kw={"fontsize": 8},
+    )
+    display.ax_.set(xlabel=f"predicted {noun}", ylabel=f"true {noun}", title=title)
     figure.savefig(path, dpi=DPI)
     return True
 

@@ -11,10 +11,11 @@ whatever is there.
 
 from __future__ import annotations
 
+import fcntl
 import io
-import json
 import logging
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from tensorboard.backend.event_processing import event_accumulator, io_wrapper
 
 from common import run_contract as contract
 from common.cli import InputError
+from common.files import LOCK_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,11 @@ SUMMARY_FILES = {
     GPT_KIND: contract.GPT_SUMMARY_FILE,
     MNIST_KIND: contract.MNIST_METRICS_FILE,
     COMPARISON_KIND: contract.PARALLELISM_COMPARISON_FILE,
+}
+# The key that carries each summary's version, and the version this checkout reads.
+VERSIONS = {
+    GPT_KIND: ("summary_version", contract.GPT_SUMMARY_VERSION),
+    COMPARISON_KIND: ("comparison_version", contract.PARALLELISM_COMPARISON_VERSION),
 }
 REQUIRED_KEYS = {
     GPT_KIND: contract.GPT_REQUIRED_KEYS,
@@ -51,15 +58,9 @@ KIND_MARKER_TAGS = {
 }
 
 # Keep every scalar (the report plots whole curves) but only the newest image per tag
-# (feature maps are shown as they are at the end of training); skip what the report never reads.
-SIZE_GUIDANCE = {
-    event_accumulator.SCALARS: 0,
-    event_accumulator.IMAGES: 1,
-    event_accumulator.HISTOGRAMS: 1,
-    event_accumulator.COMPRESSED_HISTOGRAMS: 1,
-    event_accumulator.TENSORS: 1,
-    event_accumulator.AUDIO: 1,
-}
+# (feature maps are shown as they are at the end of training); tensorboard's small defaults for
+# what the report never reads.
+SIZE_GUIDANCE = {event_accumulator.SCALARS: 0, event_accumulator.IMAGES: 1}
 
 
 @dataclass
@@ -103,6 +104,15 @@ class RunRecord:
         starts = [series.wall_times[0] for series in self.scalars.values() if len(series.steps)]
         return min(starts) if starts else None
 
+    @property
+    def time_budget(self) -> dict[str, float]:
+        """Where the run's wall time went: part -> seconds, in the order of
+        `GPT_TIME_BUDGET_PARTS`; {} for a summary without one."""
+        budget = self.summary.get("time_budget")
+        budget = budget if isinstance(budget, dict) else {}
+        parts = contract.GPT_TIME_BUDGET_PARTS
+        return {part: budget[part] for part in parts if isinstance(budget.get(part), int | float)}
+
     def note(self, message: str) -> None:
         """Record something missing or odd; it is logged now and listed in the report."""
         logger.warning("%s: %s", self.name, message)
@@ -118,115 +128,95 @@ def load_run(run_dir: str | Path) -> RunRecord:
             f"run folder {path} {what}; pass the output folder of pretrain/run.py, "
             "mnist.train or mnist.train_lightning"
         )
-    path = path.resolve()
-    record = RunRecord(path=path, kind=UNKNOWN_KIND)
-    summary_kind = read_summary(record)
-    if summary_kind == COMPARISON_KIND:
+    record = RunRecord(path=path.resolve(), kind=UNKNOWN_KIND)
+    read_summary(record)
+    if record.kind == COMPARISON_KIND:
         # Its strategies' run folders are inside; each is a run of its own to report.
-        check_summary(record)
-        check_comparison_files(record)
+        for name in (contract.PARALLELISM_COMPARISON_TABLE, contract.PARALLELISM_COMPARISON_FIGURE):
+            if not (record.path / name).is_file():
+                record.note(f"no {name}: left out")
         return record
     read_event_files(record)
-    if summary_kind is None:
+    running = read_lock(record)
+    if running:
+        record.note(f"running ({running}): the report shows what it has written so far")
+    if record.kind == UNKNOWN_KIND:  # no summary
         record.kind = guess_kind_from_tags(record)
-        record.note(
-            f"no {' or '.join(SUMMARY_FILES.values())}: the run is unfinished or was stopped; "
-            "the report shows what its event files hold"
-        )
-    else:
-        check_summary(record)
-    nvidia_smi_path = path / contract.NVIDIA_SMI_FILE
+        if not running:
+            record.note(
+                f"no {' or '.join(SUMMARY_FILES.values())}: the run is unfinished or was "
+                "stopped; the report shows what its event files hold"
+            )
+    nvidia_smi_path = record.path / contract.NVIDIA_SMI_FILE
     if nvidia_smi_path.is_file():
         record.nvidia_smi = nvidia_smi_path.read_text(encoding="utf-8", errors="replace")
     read_probe_results(record)
     return record
 
 
-def read_summary(record: RunRecord) -> str | None:
-    """Fill `record.summary` and `record.kind` from the summary JSON; None when there is none."""
+def read_summary(record: RunRecord) -> None:
+    """Fill `record.summary` and `record.kind` from the summary JSON, if there is one; note the
+    expected keys it lacks."""
     present = [kind for kind, name in SUMMARY_FILES.items() if (record.path / name).is_file()]
     if not present:
-        return None
+        return
     kind = record.kind = present[0]
     if len(present) > 1:
         record.note(
             f"both {' and '.join(SUMMARY_FILES[k] for k in present)} exist; "
             f"reporting it as a {kind} run"
         )
-    summary_path = record.path / SUMMARY_FILES[kind]
+    path = record.path / SUMMARY_FILES[kind]
     try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        record.note(f"{summary_path.name} is not valid JSON ({err}); its numbers are left out")
-        return kind
-    if not isinstance(summary, dict):
-        record.note(f"{summary_path.name} does not hold a JSON object; its numbers are left out")
-        return kind
-    record.summary = summary
-    return kind
-
-
-def check_summary(record: RunRecord) -> None:
-    """Note an unknown summary version and the expected keys that are missing."""
-    summary_name = SUMMARY_FILES[record.kind]
-    if record.kind == GPT_KIND and record.summary:
-        version = record.summary.get("summary_version")
-        if version != contract.GPT_SUMMARY_VERSION:
-            record.note(
-                f"{summary_name} has summary_version {version!r}, this report reads version "
-                f"{contract.GPT_SUMMARY_VERSION}; values it cannot find are shown as n/a"
-            )
-    missing = [key for key in REQUIRED_KEYS[record.kind] if key not in record.summary]
-    if missing and record.summary:
-        record.note(f"{summary_name} lacks {', '.join(missing)} (shown as n/a)")
-
-
-def check_comparison_files(record: RunRecord) -> None:
-    """Note a comparison of another version, or without its table or figure."""
-    version = record.summary.get("comparison_version")
-    if record.summary and version != contract.PARALLELISM_COMPARISON_VERSION:
-        record.note(
-            f"{contract.PARALLELISM_COMPARISON_FILE} has comparison_version {version!r}, this "
-            f"report reads version {contract.PARALLELISM_COMPARISON_VERSION}"
-        )
-    for name in (contract.PARALLELISM_COMPARISON_TABLE, contract.PARALLELISM_COMPARISON_FIGURE):
-        if not (record.path / name).is_file():
-            record.note(f"no {name}: left out")
+        versioned = VERSIONS.get(kind, (None, None))
+        record.summary = contract.read_json_object(path, *versioned, record.note)
+    except InputError as err:
+        record.note(f"{err}; its numbers are left out")
+        return
+    missing = [key for key in REQUIRED_KEYS[kind] if key not in record.summary]
+    if missing:
+        record.note(f"{path.name} lacks {', '.join(missing)} (shown as n/a)")
 
 
 def read_probe_results(record: RunRecord) -> None:
     """Fill `record.probes` from the probe's results files; note the ones it cannot show."""
     for path in sorted((record.path / contract.PROBE_DIR).glob("*.json")):
-        name = f"{contract.PROBE_DIR}/{path.name}"
         try:
-            results = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            record.note(f"{name} is not valid JSON ({err}); left out")
-            continue
-        if not isinstance(results, dict):
-            record.note(f"{name} does not hold a JSON object; left out")
-            continue
-        version = results.get("probe_version")
-        if version != contract.PROBE_VERSION:
-            record.note(
-                f"{name} has probe_version {version!r}, this report reads version "
-                f"{contract.PROBE_VERSION}; values it cannot find are shown as n/a"
+            results = contract.read_json_object(
+                path, "probe_version", contract.PROBE_VERSION, record.note
             )
+        except InputError as err:
+            record.note(f"{err}; left out")
+            continue
         missing = [key for key in contract.PROBE_REQUIRED_KEYS if key not in results]
         if missing:
-            record.note(f"{name} lacks {', '.join(missing)}; left out")
+            record.note(f"{path.name} lacks {', '.join(missing)}; left out")
             continue
         record.probes[path.stem] = results
 
 
+def read_lock(record: RunRecord) -> str | None:
+    """Which process holds the folder's lock ("process P on H"): a run still writing the folder;
+    None when no run does. A lock file that no process holds is noted as stale."""
+    try:
+        handle = (record.path / LOCK_FILE).open(encoding="utf-8")
+    except OSError:
+        return None
+    with handle:
+        holder = handle.read().strip() or "a process"
+        try:
+            # Refused while the run holds its exclusive lock; released again by the close.
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return holder.split(" since ")[0]
+    record.note(f"{LOCK_FILE} is stale: {holder} wrote it and is gone without removing it")
+    return None
+
+
 def find_event_dirs(path: Path) -> list[Path]:
-    """Folders under `path` that hold TensorBoard event files (a logger may nest them)."""
-    event_files = (
-        p
-        for p in path.rglob("*tfevents*")
-        if p.is_file() and io_wrapper.IsSummaryEventsFile(str(p))
-    )
-    return sorted({p.parent for p in event_files})
+    """Folders under `path` that hold TensorBoard event files (a logger may nest them), as
+    TensorBoard finds its runs."""
+    return sorted(map(Path, io_wrapper.GetLogdirSubdirectories(str(path))))
 
 
 def read_event_files(record: RunRecord) -> None:
@@ -235,7 +225,7 @@ def read_event_files(record: RunRecord) -> None:
     if not event_dirs:
         record.note("no TensorBoard event files in the folder: no curves to plot")
         return
-    scalar_parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    scalar_events: dict[str, list[event_accumulator.ScalarEvent]] = {}
     for event_dir in event_dirs:
         accumulator = event_accumulator.EventAccumulator(str(event_dir), SIZE_GUIDANCE)
         try:
@@ -245,46 +235,32 @@ def read_event_files(record: RunRecord) -> None:
             record.note(f"event files in {event_dir} are damaged ({err}); using what was read")
         tags = accumulator.Tags()
         for tag in tags[event_accumulator.SCALARS]:
-            events = accumulator.Scalars(tag)
-            scalar_parts.setdefault(tag, []).append(
-                (
-                    np.array([e.step for e in events], dtype=np.int64),
-                    np.array([e.wall_time for e in events], dtype=np.float64),
-                    np.array([e.value for e in events], dtype=np.float64),
-                )
-            )
+            scalar_events.setdefault(tag, []).extend(accumulator.Scalars(tag))
         for tag in tags[event_accumulator.IMAGES]:
             newest = accumulator.Images(tag)[-1]
             previous = record.images.get(tag)
             if previous is None or newest.step >= previous.step:
-                record.images[tag] = LoggedImage(newest.step, decode_image(newest))
-    for tag, parts in scalar_parts.items():
-        steps, wall_times, values = (np.concatenate(column) for column in zip(*parts, strict=True))
-        order = np.argsort(steps, kind="stable")
-        record.scalars[tag] = ScalarSeries(steps[order], wall_times[order], values[order])
+                # TensorBoard stores PNG bytes.
+                pixels = mpimg.imread(io.BytesIO(newest.encoded_image_string), format="png")
+                record.images[tag] = LoggedImage(newest.step, pixels)
+    for tag, events in scalar_events.items():
+        events.sort(key=lambda event: event.step)  # stable: a step logged twice keeps its order
+        steps, wall_times, values = np.array([(e.step, e.wall_time, e.value) for e in events]).T
+        record.scalars[tag] = ScalarSeries(steps.astype(np.int64), wall_times, values)
     if not record.scalars and not record.images:
         record.note("the event files hold no scalars or images yet")
-
-
-def decode_image(event: event_accumulator.ImageEvent) -> np.ndarray:
-    """Pixels of a logged image (TensorBoard stores PNG bytes)."""
-    return mpimg.imread(io.BytesIO(event.encoded_image_string), format="png")
 
 
 def guess_kind_from_tags(record: RunRecord) -> str:
     """Which stage wrote the events, from tags only that stage logs."""
     logged = set(record.scalars) | set(record.images)
-    for kind, markers in KIND_MARKER_TAGS.items():
-        if logged.intersection(markers):
-            return kind
-    return UNKNOWN_KIND
+    kinds = (kind for kind, markers in KIND_MARKER_TAGS.items() if logged.intersection(markers))
+    return next(kinds, UNKNOWN_KIND)
 
 
 def unique_run_names(records: list[RunRecord]) -> None:
     """Name runs by folder; runs whose folder names clash get their parent folder prefixed."""
-    counts: dict[str, int] = {}
-    for record in records:
-        counts[record.path.name] = counts.get(record.path.name, 0) + 1
+    counts = Counter(record.path.name for record in records)
     seen: set[str] = set()
     for index, record in enumerate(records):
         name = record.path.name

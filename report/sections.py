@@ -1,23 +1,32 @@
 """The report's sections, one per kind of run folder (GPT pretraining with its probe, LeNet-5,
 parallelism comparison, unrecognised) and the notes; each returns its Markdown lines. A new
-stage adds its section here, built from the table and figure code."""
+stage adds its section to `SECTIONS`, built from the table and figure code."""
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from common import run_contract as contract
 from report.figures import MNIST_FIGURES, curve_section, figure_lines, gpt_figures
-from report.plots import plot_confusion_matrix, plot_images, plot_probe_curves
-from report.run_folder import RunRecord, file_stem
+from report.plots import plot_confusion_matrix, plot_images, plot_probe_curves, plot_time_budgets
+from report.run_folder import (
+    COMPARISON_KIND,
+    GPT_KIND,
+    MNIST_KIND,
+    UNKNOWN_KIND,
+    RunRecord,
+    file_stem,
+)
 from report.tables import (
     MISSING,
     Row,
     format_hardware,
     format_value,
     mapping_section,
+    mapping_table,
     markdown_table,
     settings_section,
     summary_table,
@@ -25,10 +34,24 @@ from report.tables import (
 
 NO_PEAK_FLOPS = "no peak FLOP/s known for this device"
 
+
+def format_saves(saves: Any) -> str:
+    if not isinstance(saves, list) or not all(isinstance(save, dict) for save in saves):
+        return format_value(saves)
+    return f"{len(saves)}, {format_value(sum(save.get('seconds') or 0.0 for save in saves))}"
+
+
+def format_compile(counts: Any) -> str:
+    if not isinstance(counts, dict):
+        return "not compiled" if counts is None else format_value(counts)
+    return f"{format_value(counts.get('compiles'))}, {format_value(counts.get('recompiles'))}"
+
+
 GPT_ROWS = (
     Row("wall time, launch to end (s)", "wall_seconds"),
     Row("training loop (s)", "train_loop_seconds"),
     Row("tokens trained", "tokens_trained"),
+    Row("tokens asked for (--max_train_tokens)", "token_budget"),
     Row("tokens/s", "tokens_per_second"),
     Row("MFU (fraction of peak)", "mfu"),
     Row("final loss (mean of the last logged steps)", "final_loss"),
@@ -44,6 +67,8 @@ GPT_ROWS = (
     Row("processes", "num_processes"),
     Row("tokens per optimizer step", "global_batch_tokens"),
     Row("parameters", "num_parameters"),
+    Row("checkpoint saves: number, seconds in all", "checkpoint_saves", format_saves),
+    Row("torch.compile: compilations, recompilations", "compile", format_compile),
     Row("hardware", "hardware", format_hardware),
 )
 
@@ -69,18 +94,16 @@ def notes_section(runs: Sequence[RunRecord], extra_notes: Sequence[str]) -> list
     return ["## Notes", "", *items, ""] if items else []
 
 
+def text_lines(heading: str, text: str) -> list[str]:
+    """A heading over `text` shown as it is."""
+    return [heading, "", "```text", text.rstrip(), "```", ""]
+
+
 def nvidia_smi_lines(runs: Sequence[RunRecord]) -> list[str]:
     lines: list[str] = []
     for run in runs:
         if run.nvidia_smi:
-            lines += [
-                f"### nvidia-smi during `{run.name}`",
-                "",
-                "```text",
-                run.nvidia_smi.rstrip(),
-                "```",
-                "",
-            ]
+            lines += text_lines(f"### nvidia-smi during `{run.name}`", run.nvidia_smi)
     return lines
 
 
@@ -94,9 +117,9 @@ def no_mfu_lines(runs: Sequence[RunRecord]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+TIME_BUDGET_FIGURE = "gpt_time_budget.png"
+TIME_BUDGET_CAPTION = "Where each run's wall time went, launch to end, in seconds"
 PROBE_CURVE_FIGURE = "gpt_probe_curve.png"
-
-
 PROBE_CURVE_CAPTION = (
     "When the representation starts to know the classes: the linear probe's test accuracy on "
     "the frozen network at step 0, at each saved checkpoint and at the end (right), beside the "
@@ -154,8 +177,20 @@ def probe_section(run: RunRecord, out_dir: Path) -> list[str]:
     return lines
 
 
+def time_budget_lines(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
+    """Where each run's wall time went (runs whose summary has a time budget): a stacked bar
+    per run and the seconds in a table."""
+    timed = [run for run in runs if run.time_budget]
+    if not plot_time_budgets(timed, out_dir / TIME_BUDGET_FIGURE):
+        return []
+    parts = [p for p in contract.GPT_TIME_BUDGET_PARTS if any(p in r.time_budget for r in timed)]
+    table = mapping_table(timed, [run.time_budget for run in timed], parts)
+    return [*figure_lines(out_dir / TIME_BUDGET_FIGURE, TIME_BUDGET_CAPTION), *table, ""]
+
+
 def gpt_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     lines = ["## GPT-2 pretraining", "", "### Results", "", *summary_table(runs, GPT_ROWS), ""]
+    lines += time_budget_lines(runs, out_dir)
     for run in runs:
         lines += probe_section(run, out_dir)
     lines += mapping_section(runs, "speed_settings", "### Speed settings in force")
@@ -169,8 +204,8 @@ def gpt_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     lines += mapping_section(runs, "versions", "### Library versions")
     for run in runs:
         if run.summary.get("accelerator_state"):
-            state = str(run.summary["accelerator_state"]).rstrip()
-            lines += [f"### Accelerator state of `{run.name}`", "", "```text", state, "```", ""]
+            heading = f"### Accelerator state of `{run.name}`"
+            lines += text_lines(heading, str(run.summary["accelerator_state"]))
     return lines + nvidia_smi_lines(runs)
 
 
@@ -185,10 +220,8 @@ def mnist_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
         if matrix is not None and plot_confusion_matrix(matrix, f"{run.name}: test set", path):
             lines += figure_lines(path, f"Confusion matrix of `{run.name}` on the test digits")
         path = out_dir / f"mnist_feature_maps_{stem}.png"
-        feature_map_tags = sorted(
-            tag for tag in run.images if tag.startswith(contract.FEATURE_MAPS_PREFIX)
-        )
-        if plot_images(run, feature_map_tags, path):
+        tags = sorted(tag for tag in run.images if tag.startswith(contract.FEATURE_MAPS_PREFIX))
+        if plot_images(run, tags, path):
             lines += figure_lines(path, f"Feature maps of `{run.name}` for fixed test digits")
     lines += mapping_section(runs, "versions", "### Library versions")
     return lines + nvidia_smi_lines(runs)
@@ -212,13 +245,23 @@ def comparison_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     return lines + mapping_section(runs, "versions", "### Library versions")
 
 
-def unknown_section(runs: Sequence[RunRecord]) -> list[str]:
+def unknown_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     lines = ["## Unrecognised folders", ""]
     for run in runs:
         tags = sorted(run.scalars) + sorted(run.images)
         found = ", ".join(f"`{tag}`" for tag in tags) if tags else "nothing"
         lines.append(f"- `{run.name}` ({display_path(run.path)}): logged {found}")
     return [*lines, ""]
+
+
+# Each kind of run folder's section, in the order the report shows them: a new stage adds its
+# kind (report/run_folder.py) and its section, built from report/tables.py and figures.py.
+SECTIONS = {
+    GPT_KIND: gpt_section,
+    MNIST_KIND: mnist_section,
+    COMPARISON_KIND: comparison_section,
+    UNKNOWN_KIND: unknown_section,
+}
 
 
 def display_path(path: Path) -> str:

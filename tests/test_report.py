@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from matplotlib import image as mpimg
 
 from common import run_contract as contract
 from common.cli import InputError
+from common.files import LOCK_FILE, exclusive_lock
 from report import build, sections
 from report.__main__ import main as run_report
 from report.run_folder import find_event_dirs, load_run
@@ -423,25 +425,166 @@ def test_run_in_progress_is_reported_from_its_events(gpt_run_dir, tmp_path):
     assert_png_not_blank(path.parent / "gpt_loss.png")
 
 
-def test_older_summary_version_and_missing_keys(gpt_run_dir, tmp_path):
-    old = tmp_path / "gpt_old"
-    shutil.copytree(gpt_run_dir, old)
-    summary_path = old / contract.GPT_SUMMARY_FILE
-    summary = json.loads(summary_path.read_text())
-    summary["summary_version"] = 0
-    del summary["mfu"], summary["speed_settings"]
-    summary_path.write_text(json.dumps(summary))
+def copy_with_summary(run_dir: Path, copy: Path, edit) -> dict:
+    """A copy of the run folder whose summary is `edit(summary)`, written as Python's json
+    writes it (a NaN as a bare NaN); the summary written."""
+    shutil.copytree(run_dir, copy)
+    summary = edit(json.loads((run_dir / contract.GPT_SUMMARY_FILE).read_text()))
+    (copy / contract.GPT_SUMMARY_FILE).write_text(json.dumps(summary))
+    return summary
 
+
+def as_version_2(summary: dict) -> dict:
+    """The run's summary as a version-2 writer wrote it: the verdict said three times, no
+    time budget, checkpoint saves, compile counts or token budget."""
+    new_keys = ("time_budget", "checkpoint_saves", "compile", "token_budget")
+    summary = {key: value for key, value in summary.items() if key not in new_keys}
+    passed = summary["verdict"] == "pass"
+    diverged = summary["verdict"] == "diverged"
+    return {**summary, "summary_version": 2, "loss_below_threshold": passed, "diverged": diverged}
+
+
+def as_version_3(summary: dict) -> dict:
+    """The run's summary as version 3 writes it: the same run's times split into the parts of
+    its wall time, two checkpoint saves, a compiled model, the token budget asked for."""
+    summary = {k: v for k, v in summary.items() if k not in ("loss_below_threshold", "diverged")}
+    wall, loop = summary["wall_seconds"], summary["train_loop_seconds"]
+    first_step, outside_loop = summary["first_step_seconds"], wall - loop
+    saves = [{"step": 6, "seconds": 0.1 * loop}, {"step": 12, "seconds": 0.05 * loop}]
+    budget = {
+        "imports": 0.3 * outside_loop,
+        "data": 0.2 * outside_loop,
+        "model": 0.1 * outside_loop,
+        "trainer_setup": 0.1 * outside_loop,
+        "first_step": first_step,
+        "steps": loop - first_step - 0.15 * loop,
+        "checkpoint_saves": 0.15 * loop,
+        "final_eval": 0.1 * outside_loop,
+        "final_save": 0.1 * outside_loop,
+        "summary": None,
+    }
+    budget["other"] = wall - sum(value for value in budget.values() if value is not None)
+    assert min(value for value in budget.values() if value is not None) > 0
+    return {
+        **summary,
+        "summary_version": 3,
+        "time_budget": budget,
+        "checkpoint_saves": saves,
+        "compile": {"compiles": 1, "recompiles": 0},
+        "token_budget": summary["tokens_trained"],
+    }
+
+
+def test_summary_of_version_2_is_reported_with_a_note(gpt_run_dir, tmp_path):
+    old = tmp_path / "gpt_v2"
+    summary = copy_with_summary(gpt_run_dir, old, as_version_2)
     markdown = build.write_report([old], tmp_path / "report").read_text()
-    assert "summary_version 0" in markdown
+    assert "summary_version 2, this checkout reads 3" in markdown
+    results = table_after(markdown, "## GPT-2 pretraining")
+    assert results[label_of(sections.GPT_ROWS, "verdict")] == [summary["verdict"]]
+    for key in ("checkpoint_saves", "compile", "token_budget"):
+        assert results[label_of(sections.GPT_ROWS, key)] == ["n/a"], key
+    assert sections.TIME_BUDGET_FIGURE not in markdown
+
+
+def test_time_budget_of_version_3_is_drawn_and_adds_up(gpt_run_dir, tmp_path):
+    run = tmp_path / "gpt_v3"
+    summary = copy_with_summary(gpt_run_dir, run, as_version_3)
+    copy_with_summary(gpt_run_dir, tmp_path / "gpt_v2", as_version_2)
+    out = tmp_path / "report"
+    # Beside a run without a time budget, which gets no bar and no column.
+    markdown = build.write_report([run, tmp_path / "gpt_v2"], out).read_text()
+    notes = markdown.split("## Notes")[1].split("\n## ")[0]
+    assert "`gpt_v3`" not in notes, "a version-3 summary needs no note"
+    assert sections.TIME_BUDGET_FIGURE in embedded_figures(markdown)
+    assert_png_not_blank(out / sections.TIME_BUDGET_FIGURE)
+    budget = table_after(markdown, sections.TIME_BUDGET_FIGURE)
+    parts = [part for part, value in summary["time_budget"].items() if value is not None]
+    assert list(budget) == parts, "in the order of the run's wall time, the null part left out"
+    assert all(len(cells) == 1 for cells in budget.values())
+    shown_total = sum(float(cells[0].replace(",", "")) for cells in budget.values())
+    assert math.isclose(shown_total, summary["wall_seconds"], rel_tol=1e-3)
+
+    results = table_after(markdown, "## GPT-2 pretraining")
+    saves_cell, _ = results[label_of(sections.GPT_ROWS, "checkpoint_saves")]
+    count, seconds = saves_cell.split(", ")
+    assert count == "2"
+    assert_cell_shows(seconds, sum(save["seconds"] for save in summary["checkpoint_saves"]), "s")
+    assert results[label_of(sections.GPT_ROWS, "compile")][0] == "1, 0"
+    assert_cell_shows(results[label_of(sections.GPT_ROWS, "token_budget")][0],
+                      summary["token_budget"], "token_budget")  # fmt: skip
+
+
+def test_nan_in_a_summary_is_refused_in_one_line(gpt_run_dir, tmp_path):
+    # A summary written with Python's default json.dumps: a NaN loss as a bare NaN, which a
+    # lenient reader takes for a float that, with the stored verdict, reads as a pass.
+    broken = tmp_path / "gpt_nan"
+    copy_with_summary(gpt_run_dir, broken, lambda s: {**s, "final_loss": math.nan})
+    with pytest.raises(InputError) as refused:
+        contract.read_gpt_summary(broken)
+    message = str(refused.value)
+    assert "\n" not in message and str(broken / contract.GPT_SUMMARY_FILE) in message
+    assert "NaN" in message
+
+    markdown = build.write_report([broken], tmp_path / "report").read_text()
+    assert f"{contract.GPT_SUMMARY_FILE} is not valid JSON" in markdown
+    results = table_after(markdown, "## GPT-2 pretraining")
+    assert results[label_of(sections.GPT_ROWS, "verdict")] == ["n/a"]
+
+
+def test_newer_summary_is_refused_and_missing_keys_noted(gpt_run_dir, tmp_path):
+    newer = tmp_path / "gpt_newer"
+    copy_with_summary(gpt_run_dir, newer, lambda s: {**s, "summary_version": 99})
+    with pytest.raises(InputError, match="summary_version 99, newer than the 3 this checkout"):
+        contract.read_gpt_summary(newer / contract.GPT_SUMMARY_FILE)
+
+    old = tmp_path / "gpt_old"
+    summary = copy_with_summary(gpt_run_dir, old, as_version_2)
+    del summary["mfu"], summary["speed_settings"]
+    (old / contract.GPT_SUMMARY_FILE).write_text(json.dumps(summary))
+    markdown = build.write_report([newer, old], tmp_path / "report").read_text()
+    assert "update the toolkit to read it; its numbers are left out" in markdown
     assert "lacks mfu, speed_settings" in markdown
     results = table_after(markdown, "## GPT-2 pretraining")
-    assert results[label_of(sections.GPT_ROWS, "mfu")] == ["n/a"]
+    assert results[label_of(sections.GPT_ROWS, "mfu")] == ["n/a", "n/a"]
     assert_cell_shows(
-        results[label_of(sections.GPT_ROWS, "tokens_trained")][0],
+        results[label_of(sections.GPT_ROWS, "tokens_trained")][1],
         summary["tokens_trained"],
         "tokens",
     )
+
+
+def test_folder_of_a_running_run_says_running(gpt_run_dir, tmp_path):
+    running = tmp_path / "gpt_running"
+    shutil.copytree(gpt_run_dir, running)
+    (running / contract.GPT_SUMMARY_FILE).unlink()
+    # The lock as pretraining holds it (another open file of the same path conflicts as
+    # another process's would).
+    with exclusive_lock(running / LOCK_FILE, wait=False):
+        markdown = build.write_report([running], tmp_path / "report").read_text()
+    assert f"running (process {os.getpid()} on {socket.gethostname()})" in markdown
+    assert "unfinished" not in markdown and "stale" not in markdown
+
+
+def test_lock_left_by_a_killed_run_is_said_to_be_stale(gpt_run_dir, tmp_path):
+    killed = tmp_path / "gpt_killed"
+    shutil.copytree(gpt_run_dir, killed)
+    (killed / contract.GPT_SUMMARY_FILE).unlink()
+    # A run killed with SIGKILL while it holds the lock: the file stays, nobody holds it.
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from common.files import exclusive_lock\n"
+        "with exclusive_lock(Path(sys.argv[1]), wait=False):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(killed / LOCK_FILE)], cwd=REPO_ROOT)
+    holder = (killed / LOCK_FILE).read_text().strip()
+    assert holder.startswith("process ")
+
+    markdown = build.write_report([killed], tmp_path / "report").read_text()
+    assert f"{LOCK_FILE} is stale: {holder}" in markdown
+    assert "unfinished" in markdown and "running (" not in markdown
 
 
 def test_unreadable_summary_is_reported(mnist_pytorch_run, tmp_path):
