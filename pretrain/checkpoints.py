@@ -41,7 +41,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 
 from common.cli import InputError
 from common.files import damage_in, file_digests, write_json_atomic
-from common.run_contract import CHECKPOINT_MANIFEST_FILE, FINAL_MODEL_DIR, GPT_SUMMARY_FILE
+from common.run_contract import (
+    CHECKPOINT_MANIFEST_FILE,
+    FINAL_MODEL_DIR,
+    GPT_SUMMARY_FILE,
+    read_gpt_summary,
+)
 from pretrain.batches import BlockSchedule
 from pretrain.metrics import local_tensor
 
@@ -244,10 +249,7 @@ def check_same_run(checkpoint: Path, identity: dict[str, Any]) -> None:
 
 def finished_run_summary(output_dir: Path) -> dict[str, Any] | None:
     """The summary of a run that finished in `output_dir`, or None."""
-    try:
-        return json.loads((output_dir / GPT_SUMMARY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return read_gpt_summary(output_dir) if (output_dir / GPT_SUMMARY_FILE).is_file() else None
 
 
 class CheckpointManifestCallback(TrainerCallback):

@@ -43,7 +43,14 @@ from torch.utils.tensorboard import SummaryWriter
 from transformers import GPT2LMHeadModel, Trainer, TrainerCallback, TrainerControl, TrainerState
 from transformers.integrations import TensorBoardCallback
 
-from common.run_contract import GPU_MEMORY_USED, GPU_POWER, GPU_UTILIZATION, MFU, TOKENS_PER_SECOND
+from common.run_contract import (
+    GPT_TIME_BUDGET_PARTS,
+    GPU_MEMORY_USED,
+    GPU_POWER,
+    GPU_UTILIZATION,
+    MFU,
+    TOKENS_PER_SECOND,
+)
 from pretrain.model import count_parameters
 
 if TYPE_CHECKING:
@@ -267,20 +274,6 @@ class TimeBudget:
     `seconds(...)` adds up to the wall time; what no phase claims is `other`.
     """
 
-    PHASES = (
-        "imports",  # launch -> our code imported
-        "data",  # tokenizer and packed blocks
-        "model",
-        "trainer_setup",  # options, processes, Trainer and accelerate, until the first step
-        "first_step",
-        "steps",
-        "checkpoint_saves",
-        "final_save",
-        "final_eval",
-        "summary",
-        "other",
-    )
-
     def __init__(self, launched_at: float) -> None:
         self.launched_at = launched_at
         self._last = launched_at
@@ -297,7 +290,8 @@ class TimeBudget:
     def seconds(
         self, wall_seconds: float, first_step_seconds: float | None, save_seconds: float
     ) -> dict[str, float]:
-        """Seconds per phase, in `PHASES` order, adding up to `wall_seconds`."""
+        """Seconds per part of `GPT_TIME_BUDGET_PARTS`, in its order, adding up to
+        `wall_seconds`."""
         phases = dict(self.phases)
         loop = phases.pop("loop", 0.0)
         if first_step_seconds is not None:
@@ -305,7 +299,7 @@ class TimeBudget:
             phases["checkpoint_saves"] = save_seconds
             phases["steps"] = loop - first_step_seconds - save_seconds
         phases["other"] = phases.get("other", 0.0) + wall_seconds - sum(phases.values())
-        return {name: round(phases[name], 3) for name in self.PHASES if name in phases}
+        return {name: round(phases[name], 3) for name in GPT_TIME_BUDGET_PARTS if name in phases}
 
     def compile_counts(self) -> dict[str, int]:
         """Graphs dynamo compiled in the loop's first step, and after it (recompiles: a new

@@ -19,6 +19,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, set_seed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from common.cli import InputError
+from common.files import sealed_folder_damage
 from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, read_gpt_summary
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,9 @@ def read_pretraining_run(run_dir: str | Path) -> PretrainingRun:
             f"{run_dir} has no {FINAL_MODEL_DIR}/ model (what a finished pretraining run "
             "saves last); pass the folder of a finished run of pretrain/run.py as --run_dir"
         )
+    damage = sealed_folder_damage(run_dir / FINAL_MODEL_DIR)
+    if damage is not None:
+        raise InputError(f"{run_dir / FINAL_MODEL_DIR} is damaged: {damage}")
     summary = read_gpt_summary(run_dir)
     try:
         run = PretrainingRun(

@@ -26,7 +26,7 @@ from tensorboard.backend.event_processing import event_accumulator, io_wrapper
 
 from common import run_contract as contract
 from common.cli import InputError
-from common.files import LOCK_FILE
+from common.files import LOCK_FILE, sealed_folder_damage
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,10 @@ def load_run(run_dir: str | Path) -> RunRecord:
                 f"no {' or '.join(SUMMARY_FILES.values())}: the run is unfinished or was "
                 "stopped; the report shows what its event files hold"
             )
+    final_dir = record.path / contract.FINAL_MODEL_DIR
+    damage = sealed_folder_damage(final_dir) if final_dir.is_dir() else None
+    if damage:
+        record.note(f"{contract.FINAL_MODEL_DIR}/ is damaged: {damage}")
     nvidia_smi_path = record.path / contract.NVIDIA_SMI_FILE
     if nvidia_smi_path.is_file():
         record.nvidia_smi = nvidia_smi_path.read_text(encoding="utf-8", errors="replace")
