@@ -24,6 +24,7 @@ import datasets
 import transformers
 from packaging.specifiers import SpecifierSet
 
+from common.cli import RunFailed
 from pretrain.parallel.strategy import honour_sharding_plugins_on_cpu
 
 if TYPE_CHECKING:
@@ -132,12 +133,33 @@ def use_compile_cache(folder: Path, explicit: bool) -> None:
 
 @contextmanager
 def compiled_once() -> Iterator[None]:
-    """While the block runs, a dynamo recompile limit reached is an error instead of a silent
-    fall back to eager code for the rest of the run (`FailOnRecompileLimitHit`)."""
+    """While the block runs, dynamo reaching its recompile limit is one line (RunFailed, with
+    dynamo's last reason) instead of five lines of warning and the rest of the run silently
+    eager (`fail_on_recompile_limit_hit`)."""
     import torch._dynamo.config
 
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        yield
+    reasons: list[str] = []
+
+    def keep_reason(record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("torch._dynamo hit config."):
+            return True
+        reasons.append(str(record.args[3]) if len(record.args) > 3 else "")
+        return False
+
+    dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+    dynamo_log.addFilter(keep_reason)
+    try:
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            yield
+    except Exception as err:
+        if not reasons:
+            raise
+        raise RunFailed(
+            f"torch.compile reached dynamo's recompile limit ({reasons[-1]}) and would have "
+            "run the rest eagerly; keep --whole_batches, or train with --torch_compile false"
+        ) from err
+    finally:
+        dynamo_log.removeFilter(keep_reason)
 
 
 def use_causal_lm_loss(model: nn.Module) -> None:
@@ -152,10 +174,12 @@ def use_causal_lm_loss(model: nn.Module) -> None:
 
 # Lines libraries log on every CPU run that say nothing about it, by logger: the run logs the
 # device it trains on itself. accelerate imports DeepSpeed whenever it is installed, which then
-# announces the CPU; torch.compile's C++ builds announce that there is no CUDA runtime.
+# announces the CPU; torch.compile's C++ builds announce that there is no CUDA runtime, and
+# TrainingArguments that compiling pays off on recent GPUs.
 CPU_NOTICES = {
     "DeepSpeed": "Setting accelerator to CPU",
     "torch.utils.cpp_extension": "No CUDA runtime is found",
+    "transformers.training_args": "The speedups for torchdynamo mostly come with GPU",
 }
 
 

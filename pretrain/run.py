@@ -253,8 +253,8 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainArguments:
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     budget = TimeBudget(launched_at=psutil.Process().create_time())
-    args = parse_pretrain_args(argv)
     quiet_cpu_notices()
+    args = parse_pretrain_args(argv)
     with library_progress_bars(enabled=not args.training.disable_tqdm):
         return pretrain(args, budget)
 

@@ -60,6 +60,8 @@ LIBRARY_NOISE = (
     "Saving the dataset",  # datasets' bars, despite --disable_tqdm
     "Tokenizing documents",
     "No CUDA runtime is found",  # torch.compile's C++ build on a CPU
+    "The speedups for torchdynamo",  # TrainingArguments, compiling on a CPU
+    "recompile_limit",  # dynamo: our one line says it, with its reason
 )
 
 
@@ -419,3 +421,18 @@ def test_the_course_config_runs_on_a_cpu_compiled_once(data_paths, tmp_path):
     assert sum(summary["time_budget"].values()) == pytest.approx(summary["wall_seconds"], abs=0.01)
     assert (output_dir / FINAL_MODEL_DIR / "model.safetensors").is_file()
     assert (data_paths["cache_dir"] / "compile").is_dir()  # the compiled code, kept for next time
+
+
+@pytest.mark.slow
+def test_dynamo_s_recompile_limit_is_an_error_never_a_silent_eager_run(
+    data_paths, tmp_path, capsys, monkeypatch
+):
+    """Without --whole_batches the last step is smaller: a new shape, a recompile. With the
+    limit at one compile per function, that is the limit: one line, exit 3."""
+    monkeypatch.setattr("torch._dynamo.config.recompile_limit", 1)
+    argv = tiny_run_argv(**data_paths, output_dir=tmp_path / "run", num_blocks=NUM_BLOCKS - 2)
+    flags = ["--torch_compile", "true", "--whole_batches", "false", "--max_steps", "-1"]
+    assert main([*argv, *flags]) == 3
+    (error,) = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: torch.compile reached dynamo's recompile limit (")
+    assert "size mismatch" in error  # dynamo's reason: the smaller last batch

@@ -459,8 +459,8 @@ def as_version_3(summary: dict) -> dict:
         "first_step": first_step,
         "steps": loop - first_step - 0.15 * loop,
         "checkpoint_saves": 0.15 * loop,
-        "final_eval": 0.1 * outside_loop,
         "final_save": 0.1 * outside_loop,
+        "final_eval": 0.1 * outside_loop,
         "summary": None,
     }
     budget["other"] = wall - sum(value for value in budget.values() if value is not None)
