@@ -119,7 +119,7 @@ def train(args: MnistArguments) -> dict[str, Any]:
     device = resolve_device(args.device)
     splits = load_digit_splits(args)  # bad input fails here, before anything is written
     with atomic_dir(default_output_dir(args, TRAINER), overwrite=args.overwrite) as run_dir:
-        seed_everything(args.seed)
+        seed_everything(args.seed, verbose=False)
         model = LeNet5().to(device)
         train_batches = make_batches(
             splits.train_images, splits.train_labels, args, training=True, device=device

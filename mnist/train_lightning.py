@@ -247,14 +247,14 @@ def lightning_device(device: torch.device) -> tuple[str, list[int] | int]:
     return device.type, 1
 
 
-def without_litlogger_tip(record: logging.LogRecord) -> bool:
-    return "litlogger" not in record.getMessage()
-
-
 @contextmanager
 def quiet_lightning() -> Iterator[None]:
     """Silence, for one run only, the lines Lightning prints that do not apply to it."""
-    info_logger = lightning_rank_zero.log  # where Lightning's rank_zero_info writes
+    # Lightning's info lines: the GPU/TPU banner, where a loop stopped, a cloud logger's
+    # advert. One process on one device told exactly what to do needs none of them; its
+    # warnings (the warnings module) still show.
+    info_logger = lightning_rank_zero.log
+    level = info_logger.level
     with warnings.catch_warnings():
         # The digits are in memory already: worker processes would only add start-up time.
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -262,12 +262,11 @@ def quiet_lightning() -> Iterator[None]:
         warnings.filterwarnings("ignore", "The `srun` command is available", PossibleUserWarning)
         # Lightning 2.6.6 calls a torch pytree API that newer torch deprecates: not ours to fix.
         warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-        # An advert for a cloud logging service; this run logs to TensorBoard.
-        info_logger.addFilter(without_litlogger_tip)
+        info_logger.setLevel(logging.WARNING)
         try:
             yield
         finally:
-            info_logger.removeFilter(without_litlogger_tip)
+            info_logger.setLevel(level)
 
 
 def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
@@ -281,7 +280,7 @@ def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
         quiet_lightning(),
         atomic_dir(default_output_dir(args, TRAINER), overwrite=args.overwrite) as run_dir,
     ):
-        seed_everything(args.seed)
+        seed_everything(args.seed, verbose=False)
         module = LeNet5Module(args)
         history = EpochHistory()
         accelerator, devices = lightning_device(device)
@@ -298,7 +297,6 @@ def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
             # The run folder gets model.pt at the end; per-epoch checkpoints would be noise.
             enable_checkpointing=False,
             num_sanity_val_steps=0,
-            # None is Lightning's default (all batches); an explicit 1.0 makes it log that choice.
             limit_val_batches=None if len(datamodule.splits.val_labels) else 0,
         )
         start = time.perf_counter()
