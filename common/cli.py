@@ -7,20 +7,26 @@ command-line flags override. Bad input raises `InputError`, which becomes one li
 stderr and exit code 2 instead of a traceback; a mistyped flag or a bad value included,
 with the closest option suggested instead of the whole usage printed. A run that fails after
 good input (diverged, disk full) raises `RunFailed`: one line and exit code 3.
+
+`--help` explains our options, a titled group per dataclass, and of a library's (over a hundred
+in TrainingArguments) names those in `brief_help_fields`; `--help-all` explains them all.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import difflib
 import functools
 import json
 import logging
+import shutil
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, get_type_hints
 
 import yaml
 
@@ -103,19 +109,32 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """`--help` that keeps the description's line breaks (a module docstring's example commands)
     while each option's help is wrapped and ends with its default."""
 
+    def add_usage(self, usage, actions, groups, prefix=None):
+        # The groups below list the options; the usage line names the required ones.
+        actions = [action for action in actions if action.required or action.dest == "help"]
+        super().add_usage(usage, actions, groups, prefix)
 
-def command_line_parser(
-    dataclass_types: Sequence[type], description: str | None = None, prog: str | None = None
-) -> HfArgumentParser:
+    def _get_help_string(self, action: argparse.Action) -> str:
+        # "(default: None)" says nothing that the help does not.
+        return action.help if action.default is None else super()._get_help_string(action)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        # HfArgumentParser adds --a-b beside each --a_b: both parse, help names the first.
+        if action.option_strings[:1] != ["-h"]:
+            action = copy.copy(action)
+            action.option_strings = action.option_strings[:1]
+        return super()._format_action_invocation(action)
+
+
+def command_line_parser(dataclass_types: Sequence[type], **options: Any) -> HfArgumentParser:
     """An `HfArgumentParser` for `dataclass_types` whose every error is one `InputError`.
 
     A mistyped flag names the closest option and a bad value names its flag, instead of the
     whole usage (over a hundred lines for TrainingArguments). `--help` formats with
-    `HelpFormatter`. Parse with `parse_args` (a namespace) or `parse_dataclasses`.
+    `HelpFormatter`. `options` are those of `parse_args`. Parse with `parse_args` (a namespace)
+    or `parse_dataclasses`.
     """
-    return _command_line_parser_class()(
-        list(dataclass_types), description=description, prog=prog, formatter_class=HelpFormatter
-    )
+    return _command_line_parser_class()(list(dataclass_types), **options)
 
 
 @functools.cache
@@ -124,11 +143,53 @@ def _command_line_parser_class() -> type[HfArgumentParser]:
     from transformers import HfArgumentParser
 
     class CommandLineParser(HfArgumentParser):
+        def __init__(self, dataclass_types, brief_help_fields=(), **kwargs) -> None:
+            self.brief_help_fields = brief_help_fields
+            self.full_help: dict[argparse.Action, str] = {}  # of the options --help leaves out
+            super().__init__(dataclass_types, formatter_class=HelpFormatter, **kwargs)
+            if self.full_help:
+                self.add_argument("--help-all", action="help", help="explain every option")
+
+        def _add_dataclass_arguments(self, dtype: type) -> None:
+            # HfArgumentParser's, in a group per dataclass that --help describes with the
+            # docstring, leaving out the fields a library's class declares (and documents).
+            ours = {
+                name
+                for cls in dtype.__mro__
+                if not cls.__module__.startswith("transformers")
+                for name in vars(cls).get("__annotations__", {})
+            }
+            listed = {*self.brief_help_fields, *getattr(dtype, "brief_help_fields", ())}
+            group = self.add_argument_group(dtype.__name__)
+            type_hints, named = get_type_hints(dtype), []
+            for field in (field for field in dataclasses.fields(dtype) if field.init):
+                field.type = type_hints[field.name]
+                num_actions = len(self._actions)
+                self._parse_dataclass_field(group, field)
+                for action in self._actions[num_actions:]:
+                    # --no_x, the complement of a bool that defaults to true, repeats --x's help.
+                    if field.name not in ours or action.option_strings[0] == f"--no_{field.name}":
+                        self.full_help[action] = action.help
+                        action.help = argparse.SUPPRESS
+                if field.name not in ours and field.name in listed:
+                    default = self._actions[num_actions].default
+                    named.append(f"--{field.name}" + ("" if default is None else f"={default}"))
+            doc = dtype.__doc__.split("\n\n")[0] if ours else ""
+            doc = "" if doc.startswith(f"{dtype.__name__}(") else doc  # dataclass's made-up doc
+            if named:
+                doc += f" Library options used here (defaults shown): {', '.join(named)}."
+            width = shutil.get_terminal_size().columns - 4  # argparse's, less the indent
+            group.description = textwrap.fill(" ".join(doc.split()), width, break_on_hyphens=False)
+
         def error(self, message: str) -> NoReturn:
             # argparse calls this for a bad value, a missing required option, a bad choice.
             raise InputError(f"{message.rstrip('.')}; see --help")
 
         def parse_args(self, args=None, namespace=None):
+            if "--help-all" in (sys.argv[1:] if args is None else args):
+                for action, full_help in self.full_help.items():
+                    action.help = full_help
+                args = ["--help"]
             try:
                 namespace, unknown = self.parse_known_args(args, namespace)
             except InputError:
@@ -191,14 +252,17 @@ def parse_args(
     argv: list[str] | None = None,
     description: str | None = None,
     prog: str | None = None,
+    brief_help_fields: Collection[str] = (),
 ) -> tuple[Any, ...]:
     """Parse `argv` into one instance per dataclass; `--config FILE` sets defaults first.
 
     Unknown keys in the config file are an error (with a close match suggested), as are
     unknown flags on the command line. Pass the module docstring as `description`: its
-    example commands keep their lines in `--help`.
+    example commands keep their lines in `--help` (`brief_help_fields`: see the module's doc).
     """
-    parser = command_line_parser(dataclass_types, description=description, prog=prog)
+    parser = command_line_parser(
+        dataclass_types, description=description, prog=prog, brief_help_fields=brief_help_fields
+    )
     parser.add_argument(
         "--config",
         default=None,
@@ -221,7 +285,7 @@ def apply_config_defaults(
     # A bool field that defaults to True has two actions (--x and --no_x) with one dest.
     actions_by_dest: dict[str, list[argparse.Action]] = {}
     for action in parser._actions:
-        if action.dest not in ("help", "config"):
+        if action.dest not in ("help", "help_all", "config"):
             actions_by_dest.setdefault(action.dest, []).append(action)
     for key, value in config.items():
         if key not in actions_by_dest:

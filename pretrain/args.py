@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from transformers import GPT2Config, PreTrainedTokenizerBase, TrainingArguments
 from transformers.activations import ACT2FN
@@ -186,6 +186,20 @@ class PretrainTrainingArguments(TrainingArguments):
     precision from the launcher, the flags or the GPU (pretrain/precision.py).
     """
 
+    # The TrainingArguments that --help names besides those redeclared here: what the configs
+    # and the README set (common/cli.py; --help-all explains every one).
+    brief_help_fields: ClassVar[tuple[str, ...]] = (
+        ("output_dir", "resume_from_checkpoint", "seed", "use_cpu", "disable_tqdm")
+        + (
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "gradient_accumulation_steps",
+        )
+        + ("optim", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay")
+        + ("adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "dataloader_num_workers")
+        + ("bf16", "fp16", "tf32", "torch_compile", "logging_steps")
+        + ("save_strategy", "save_steps", "save_total_limit")
+    )
     max_steps: int = field(
         default=-1,
         metadata={

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from transformers import TrainingArguments
 from transformers.trainer_utils import SaveStrategy
@@ -122,6 +122,9 @@ class ProbeTrainingArguments(TrainingArguments):
     """`TrainingArguments` whose defaults are the probe's fine-tuning budget (docs/PROBE.md has
     the measurements behind them), no checkpoints. The learning rate is relative: each weight
     tensor steps by it times the tensor's size (probe/classifier.py)."""
+
+    # Besides the fields above, the TrainingArguments that --help names (common/cli.py).
+    brief_help_fields: ClassVar = ("gradient_accumulation_steps", "max_steps", "fp16", "use_cpu")
 
     output_dir: str | None = field(
         default=None,

@@ -1,5 +1,7 @@
-"""`--config` precedence, unknown keys, the one-line error contract, and `--help`."""
+"""`--config` precedence, unknown keys, the one-line error contract, and `--help`: short, by
+dataclass, every option of ours in it; `--help-all` for the library's others."""
 
+import dataclasses
 import importlib
 import re
 import subprocess
@@ -145,6 +147,89 @@ def test_help_keeps_the_description_lines_and_wraps_option_help(capsys, monkeypa
     # The option help (over 200 characters) is wrapped into lines of at most 80, and whole.
     optimizer_help = ExampleArguments.__dataclass_fields__["optimizer"].metadata["help"]
     assert f"{optimizer_help} (default: adam)" in " ".join(" ".join(lines).split())
+
+
+def project_options(dataclass_types, library_options):
+    """Every option our dataclasses declare (a field of ours, or one we redefine), then the
+    library options that --help is to name."""
+    from transformers import TrainingArguments
+
+    library_fields = TrainingArguments.__dataclass_fields__
+    ours = [
+        field.name
+        for dtype in dataclass_types
+        for field in dataclasses.fields(dtype)
+        if field.init and field is not library_fields.get(field.name)
+    ]
+    return ours + list(library_options)
+
+
+def read_help(parse, argv, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exc:
+        parse(argv)
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def pretrain_help_case():
+    from transformers import TrainingArguments
+
+    from common.corpus import CorpusArguments
+    from pretrain.args import TRAINING_HELP_FIELDS, ModelArguments, ReportArguments
+    from pretrain.blocks.args import DataArguments
+    from pretrain.run import parse_pretrain_args
+
+    ours = [ModelArguments, CorpusArguments, DataArguments, ReportArguments]
+    return parse_pretrain_args, project_options([*ours, TrainingArguments], TRAINING_HELP_FIELDS)
+
+
+def probe_help_case():
+    from common.corpus import CorpusArguments
+    from probe.args import ProbeArguments, ProbeTrainingArguments
+    from probe.run import parse_probe_args
+
+    ours = [ProbeArguments, CorpusArguments, ProbeTrainingArguments]
+    return parse_probe_args, project_options(ours, ProbeTrainingArguments.brief_help_fields)
+
+
+HELP_CASES = {"pretrain": pretrain_help_case, "probe": probe_help_case}
+# An option of TrainingArguments that neither command uses.
+HIDDEN_OPTION = "--label_smoothing_factor"
+
+
+@pytest.mark.parametrize("case", HELP_CASES.values(), ids=HELP_CASES.keys())
+def test_help_is_short_and_names_every_project_option(case, capsys, monkeypatch):
+    parse, options = case()
+    text = read_help(parse, ["--help"], capsys, monkeypatch)
+    assert len(text.splitlines()) < 150
+    assert [name for name in options if not re.search(rf"--{name}\b", text)] == []
+    assert HIDDEN_OPTION not in text
+    # Each option has one line of its own in the help.
+    assert "--model-preset" not in text and "--label-level" not in text
+
+
+@pytest.mark.parametrize("case", HELP_CASES.values(), ids=HELP_CASES.keys())
+def test_help_all_explains_the_options_help_leaves_out(case, capsys, monkeypatch):
+    parse, options = case()
+    text = read_help(parse, ["--help-all"], capsys, monkeypatch)
+    assert len(text.splitlines()) > 500
+    assert "label smoothing" in " ".join(text.split()).lower()
+    assert [name for name in options if f"--{name} " not in text] == []
+
+
+def test_options_left_out_of_help_parse_as_before(capsys):
+    from pretrain.run import main, parse_pretrain_args
+
+    required = ["--corpus", "c.txt", "--tokenizer_dir", "tok"]
+    args = parse_pretrain_args([*required, HIDDEN_OPTION, "0.1", "--dataloader-drop-last", "true"])
+    assert args.training.label_smoothing_factor == 0.1
+    assert args.training.dataloader_drop_last is True
+    assert main([*required, "--label_smoothing_facter", "0.1"]) == 2
+    assert capsys.readouterr().err == (
+        "error: unknown option --label_smoothing_facter (did you mean --label_smoothing_factor?);"
+        " see --help\n"
+    )
 
 
 def test_entry_point_turns_input_error_into_exit_2(capsys):
