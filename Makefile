@@ -7,7 +7,7 @@ INSTALLED := $(VENV)/.installed
 # Where the demo writes its runs and report.
 DEMO_DIR ?= runs/demo
 
-.PHONY: install demo test test-fast lint format clean
+.PHONY: install demo test test-fast lint format notebook clean
 
 $(INSTALLED): requirements.txt requirements-dev.txt requirements-deepspeed.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ demo: install
 		--overwrite
 	$(BIN)/run-report $(DEMO_DIR)/gpt2_tiny $(DEMO_DIR)/mnist $(DEMO_DIR)/mnist_lightning \
 		--out $(DEMO_DIR)/report --overwrite
+
+# Run notebooks/lenet5.ipynb as its test does (one epoch) and save it with its outputs: commit
+# the result. tests/test_notebook.py fails while the saved outputs are older than the code.
+notebook: install
+	UPDATE_NOTEBOOK=1 $(VENV)/bin/pytest -q tests/test_notebook.py::test_notebook_runs_on_embedded_digits
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
