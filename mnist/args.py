@@ -124,13 +124,3 @@ class MnistArguments:
             )
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(f"--max_steps must be positive or -1, got {self.max_steps}")
-
-    @property
-    def idx_paths(self) -> dict[str, str | None]:
-        """The explicit IDX paths by role."""
-        return {
-            "train_images": self.train_images,
-            "train_labels": self.train_labels,
-            "test_images": self.test_images,
-            "test_labels": self.test_labels,
-        }

@@ -152,7 +152,8 @@ def find_idx_files(args: MnistArguments) -> tuple[dict[str, Path], list[str]]:
     """The four IDX files by role, and the roles not found. Explicit paths must exist."""
     found: dict[str, Path] = {}
     missing = []
-    for role, explicit in args.idx_paths.items():
+    for role in IDX_STEMS:
+        explicit = getattr(args, role)
         if explicit is not None:
             if not Path(explicit).is_file():
                 raise InputError(f"--{role} {explicit} does not exist; pass an existing IDX file")
@@ -222,8 +223,8 @@ def resolve_data_source(args: MnistArguments) -> str:
     """`auto` means idx when any IDX location is given, else the embedded sample."""
     if args.data_source != "auto":
         return args.data_source
-    given = args.data_dir is not None or any(p is not None for p in args.idx_paths.values())
-    return "idx" if given else "sample"
+    paths = [args.data_dir, *(getattr(args, role) for role in IDX_STEMS)]
+    return "idx" if any(path is not None for path in paths) else "sample"
 
 
 def check_every_class_present(labels: np.ndarray, path: Path) -> None:
@@ -312,8 +313,6 @@ class MnistDataset(Dataset):
     """Digits one at a time: (normalised float image (1, 28, 28), int label)."""
 
     def __init__(self, images: Tensor, labels: Tensor) -> None:
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
         self.images = images
         self.labels = labels
 

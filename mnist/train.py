@@ -121,15 +121,9 @@ def train(args: MnistArguments) -> dict[str, Any]:
     with atomic_dir(default_output_dir(args, TRAINER), overwrite=args.overwrite) as run_dir:
         seed_everything(args.seed, verbose=False)
         model = LeNet5().to(device)
-        train_batches = make_batches(
-            splits.train_images, splits.train_labels, args, training=True, device=device
-        )
-        val_batches = make_batches(
-            splits.val_images, splits.val_labels, args, training=False, device=device
-        )
-        test_batches = make_batches(
-            splits.test_images, splits.test_labels, args, training=False, device=device
-        )
+        train_batches = make_batches(splits.train_images, splits.train_labels, args, True, device)
+        val_batches = make_batches(splits.val_images, splits.val_labels, args, False, device)
+        test_batches = make_batches(splits.test_images, splits.test_labels, args, False, device)
         total_steps = count_training_steps(args, len(train_batches))
         optimizer = build_optimizer(model, args)
         scheduler = build_lr_scheduler(optimizer, args, total_steps)
