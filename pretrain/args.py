@@ -38,56 +38,51 @@ class ModelArguments:
     vocab_size: int | None = field(
         default=None,
         metadata={
-            "help": "Embedding rows. Default: the tokenizer's size rounded up to a multiple of "
-            "128. An explicit value must be at least the tokenizer's size."
+            "help": "Embedding rows (at least the tokenizer's size). Default: the tokenizer's "
+            "size rounded up to a multiple of 128."
         },
     )
     dropout: float = field(
         default=0.0,
         metadata={
-            "help": "Dropout on embeddings, attention and residuals. 0 for a single pass over "
-            "12M tokens: there is nothing to overfit yet and dropout slows learning."
+            "help": "Dropout on embeddings, attention and residuals; 0: one pass over the "
+            "data cannot overfit, and dropout slows learning."
         },
     )
     attn_implementation: str = field(
         default="sdpa",
         metadata={
-            "help": "Attention kernel: 'sdpa' (PyTorch scaled_dot_product_attention, flash "
-            "kernels on recent GPUs), 'eager', or 'flash_attention_2' if installed."
+            "help": "Attention kernel: 'sdpa' (torch's, flash on recent GPUs), 'eager', or "
+            "'flash_attention_2' if installed."
         },
     )
     loss_implementation: str = field(
         default="hf",
         metadata={
-            "help": "Training loss: 'hf' (transformers' cross-entropy over the full fp32 logits) "
-            "or 'chunked' (the same value computed a few thousand positions at a time, "
-            "pretrain/loss.py: far less memory at large batch x vocabulary)."
+            "help": "'hf' (transformers' loss over all fp32 logits) or 'chunked' (the same, a "
+            "few thousand positions at a time: far less memory; pretrain/loss.py)."
         },
     )
     compile_regions: bool = field(
         default=True,
         metadata={
-            "help": "With --torch_compile: compile each transformer block on its own "
-            "(accelerate's regional compilation): the 12 identical blocks are compiled once and "
-            "reused, which starts much sooner than compiling the whole model as one graph."
+            "help": "With --torch_compile: compile one transformer block and reuse it for all "
+            "(accelerate's regional compilation), much sooner than the whole model."
         },
     )
 
     activation_function: str = field(
         default="gelu_pytorch_tanh",
         metadata={
-            "help": "The MLP's activation: 'gelu_pytorch_tanh' is GPT-2's tanh-approximated GELU "
-            "as one fused kernel; 'gelu_new' is the same function as several elementwise "
-            "kernels (GPT-2's original code)."
+            "help": "The MLP's activation: GPT-2's tanh GELU as one kernel; 'gelu_new' is the "
+            "same function in several (GPT-2's code)."
         },
     )
     compile_cache_dir: str | None = field(
         default=None,
         metadata={
-            "help": "With --torch_compile: folder for the compiled code (inductor and Triton "
-            "caches), so that a second run of the same model skips code generation. Default: "
-            "'compile' beside the packed-block caches (--cache_dir), shared by the jobs of a "
-            "cluster's home folder; TORCHINDUCTOR_CACHE_DIR, when set, wins over the default."
+            "help": "Folder of torch.compile's code, reused by the next run of the model. "
+            "Default: --cache_dir/compile (or TORCHINDUCTOR_CACHE_DIR if set)."
         },
     )
 
@@ -203,34 +198,28 @@ class PretrainTrainingArguments(TrainingArguments):
     max_steps: int = field(
         default=-1,
         metadata={
-            "help": "Stop after this many optimizer steps (a quick check); default: one pass "
-            "over the --max_train_tokens budget, which is how many steps the run takes."
+            "help": "Stop after this many steps (a quick check); default: one pass over the "
+            "token budget."
         },
     )
-    logging_first_step: bool = field(
-        default=True, metadata={"help": "Log the first step's loss (the start of the curve)."}
-    )
+    logging_first_step: bool = field(default=True, metadata={"help": "Log the first step's loss."})
     prediction_loss_only: bool = field(
         default=True,
         metadata={
-            "help": "Evaluation keeps the loss only: the logits of the validation blocks would "
-            "hold blocks x block_size x vocabulary floats."
+            "help": "Evaluation keeps the loss only, not blocks x positions x vocabulary logits."
         },
     )
     whole_batches: bool = field(
         default=True,
         metadata={
-            "help": "Round --max_train_tokens up to whole global batches, so that every step "
-            "has the training shape and compiled code is never recompiled (12,000,000 tokens "
-            "with batches of 64 x 1024 -> 184 x 65,536 = 12,058,624); false: exactly the budget, "
-            "the last step smaller."
+            "help": "Round --max_train_tokens up to whole global batches: every step has one "
+            "shape, compiled once (12M -> 184 x 65,536 tokens); false: the last step smaller."
         },
     )
     report_to: None | str | list[str] = field(
         default="tensorboard",
         metadata={
-            "help": "Where Trainer logs: TensorBoard always (the run folder's curves and the "
-            "report read it), plus any integration named here."
+            "help": "Where Trainer logs: TensorBoard always (the report reads it), and these."
         },
     )
 

@@ -176,12 +176,14 @@ def pretrain_help_case():
     from transformers import TrainingArguments
 
     from common.corpus import CorpusArguments
-    from pretrain.args import TRAINING_HELP_FIELDS, ModelArguments, ReportArguments
+    from pretrain.args import ModelArguments, PretrainTrainingArguments, ReportArguments
     from pretrain.blocks.args import DataArguments
     from pretrain.run import parse_pretrain_args
 
     ours = [ModelArguments, CorpusArguments, DataArguments, ReportArguments]
-    return parse_pretrain_args, project_options([*ours, TrainingArguments], TRAINING_HELP_FIELDS)
+    return parse_pretrain_args, project_options(
+        [*ours, PretrainTrainingArguments], PretrainTrainingArguments.brief_help_fields
+    )
 
 
 def probe_help_case():
