@@ -1,9 +1,11 @@
-"""Run one training command as a variant of a benchmark and read its run summary back.
+"""Train one variant of a benchmark as a process of its own and read its run summary back.
 
-Shared by every benchmark that trains several variants side by side (bench/gpu_ablation.py,
-bench/compare_parallelism.py): each variant is its own process group (a launcher and its
-workers, stopped together), with its output in a log file, a time limit, and the
-`run_summary.json` it wrote read back; a variant that fails gives one line saying why.
+Shared by the benchmarks that train several variants side by side (recipes, gpu_ablation,
+compare_parallelism): each variant is its own process group (a launcher and its workers, stopped
+together), with its output in `<run_dir>.log`, a time limit, and the `run_summary.json` it wrote
+read back; a variant that fails gives one line saying why. With `read_back`, a finished variant
+whose log starts with the same command (interpreter and script aside: they may live elsewhere on
+a rerun) is read back instead of trained again, so an interrupted benchmark resumes.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -21,34 +24,61 @@ from typing import Any
 
 from common.run_contract import GPT_SUMMARY_FILE
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
 
 @dataclass(frozen=True)
 class VariantOutcome:
-    """A variant's run summary, or why there is none, and how long it took."""
+    """A variant's run summary, or why there is none, and how long it took here."""
 
     summary: dict[str, Any] | None
     error: str | None
     wall_seconds: float
 
 
+def repo_environment(**overrides: str) -> dict[str, str]:
+    """This process's environment with the repository importable, plus `overrides`."""
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **overrides}
+
+
+def log_path(run_dir: Path) -> Path:
+    return Path(f"{run_dir}.log")
+
+
+def finished_earlier(command: list[str], run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a run of the same flags (`command[2:]`) in `run_dir`, else None."""
+    summary_path, log = run_dir / GPT_SUMMARY_FILE, log_path(run_dir)
+    if not summary_path.is_file() or not log.is_file():
+        return None
+    with log.open(encoding="utf-8") as lines:
+        if shlex.split(lines.readline())[2:] != command[2:]:
+            return None
+    return json.loads(summary_path.read_text(encoding="utf-8"))
+
+
 def run_variant(
     command: list[str],
     run_dir: Path,
-    log_path: Path,
     env: dict[str, str] | None = None,
     timeout_s: float | None = None,
+    read_back: bool = False,
 ) -> VariantOutcome:
-    """Run `command`, which trains into `run_dir`; its summary or its error."""
+    """Run `command`, which trains into `run_dir` (replaced); its summary or its error."""
     started = time.perf_counter()
+    if read_back and (summary := finished_earlier(command, run_dir)) is not None:
+        return VariantOutcome(summary, None, 0.0)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     summary, error = None, None
     try:
-        returncode = run_logged(command, env, log_path, timeout_s)
+        returncode = run_logged(command, env, log_path(run_dir), timeout_s)
     except subprocess.TimeoutExpired:
-        error = f"stopped after the time limit of {timeout_s:g} s"
+        error = f"stopped after the time limit of {timeout_s:.0f} s"
     else:
         summary_path = run_dir / GPT_SUMMARY_FILE
         if returncode != 0:
-            error = f"exit code {returncode}: {error_line(log_path.read_text('utf-8'))}"
+            error = f"exit code {returncode}: {error_line(log_path(run_dir).read_text('utf-8'))}"
         elif not summary_path.is_file():
             error = f"exited with 0 but wrote no {summary_path.name}"
         else:
@@ -57,19 +87,19 @@ def run_variant(
 
 
 def run_logged(
-    command: list[str], env: dict[str, str] | None, log_path: Path, timeout_s: float | None
+    command: list[str], env: dict[str, str] | None, log: Path, timeout_s: float | None
 ) -> int:
-    """Run `command` with its output in `log_path`; its exit code. Raises TimeoutExpired after
-    `timeout_s`.
+    """Run `command` with its output in `log` (its first line: the command); its exit code.
+    Raises TimeoutExpired after `timeout_s`.
 
     The launcher and its workers form one process group, stopped together on a timeout or an
     interrupt: killing the launcher alone would leave its workers training.
     """
-    with log_path.open("w", encoding="utf-8") as log:
-        log.write(shlex.join(command) + "\n")
-        log.flush()
+    with log.open("w", encoding="utf-8") as output:
+        output.write(shlex.join(command) + "\n")
+        output.flush()
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         try:
             return process.wait(timeout=timeout_s)
@@ -95,12 +125,3 @@ def error_line(log_text: str) -> str:
         if EXCEPTION_LINE.match(line) and not line.startswith(LAUNCHER_FAILURES):
             return line
     return lines[-1] if lines else "no output"
-
-
-def steady_step_seconds(summary: dict[str, Any]) -> float | None:
-    """Seconds per optimizer step after the first (which carries compilation and warm-up)."""
-    first, loop = summary.get("first_step_seconds"), summary.get("train_loop_seconds")
-    steps = summary.get("global_step", 0) - summary.get("resumed_from_step", 0)
-    if first is None or loop is None or steps < 2 or loop <= first:
-        return None
-    return (loop - first) / (steps - 1)
