@@ -5,7 +5,8 @@
         --output_dir runs/parallelism_117m                      # GPT-2 117M on 4 GPUs
 
 Each strategy trains --max_steps steps of the same global batch (--global_batch_size blocks)
-from the same random weights, in a subprocess of its own:
+from the same random weights, in a subprocess of its own, with the training config and the
+pretrain/run.py flags given after `--` (corpus, tokenizer, budget):
 
   single, ddp, fsdp, zero2, zero3     accelerate launch --config_file accelerate_configs/...
                                       --num_processes P pretrain/run.py (Trainer); the data
@@ -31,7 +32,6 @@ strategy that fails is a row with its error, and the command then exits with 1.
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import shutil
 import sys
@@ -42,7 +42,7 @@ from typing import Any
 from accelerate.utils.other import get_free_port
 from matplotlib.figure import Figure
 
-from bench.variants import run_variant, steady_step_seconds
+from bench.variants import REPO_ROOT, repo_environment, run_variant
 from common.cli import InputError, entry_point, parse_args
 from common.files import write_json_atomic
 from common.run_contract import (
@@ -56,7 +56,6 @@ from report.tables import markdown_table
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PRETRAIN_DIR = REPO_ROOT / "pretrain"
 ACCELERATE_CONFIG_DIR = REPO_ROOT / "accelerate_configs"
 RUN_SCRIPT = PRETRAIN_DIR / "run.py"
@@ -72,60 +71,35 @@ class StrategySpec:
     """How one strategy is launched and what its summary must then say."""
 
     name: str
-    reference: str | None  # the row whose loss this one must equal; None for a reference
-    # Trainer strategies: the accelerate config per device; our loop's: None.
-    accelerate_configs: dict[str, str] | None = None
+    granted: str  # the strategy its summary reports when it ran as asked
+    # Trainer's strategies: their accelerate configs, on cpu and on cuda; our loop's: None.
+    accelerate_configs: tuple[str, str] | None = None
     loop_options: tuple[str, ...] = ()  # pretrain.parallel.train flags that pick the strategy
-    granted: str = ""  # the strategy name its summary reports when it ran as asked
     distributed: bool = True  # False: one process
 
     @property
     def uses_trainer(self) -> bool:
+        """Trainer's strategies split the batch (data parallel): global / P blocks each."""
         return self.accelerate_configs is not None
 
     @property
-    def splits_batch(self) -> bool:
-        """Data parallel: each process takes global / P blocks of every step."""
-        return self.uses_trainer
-
-    @property
-    def is_pipeline(self) -> bool:
-        return self.loop_options[:2] == ("--strategy", "pp")
-
-
-def _trainer(name: str, cpu: str, cuda: str, granted: str) -> StrategySpec:
-    return StrategySpec(name, "single", {"cpu": cpu, "cuda": cuda}, granted=granted)
-
-
-def _loop(name: str, *options: str, distributed: bool = True) -> StrategySpec:
-    granted = "single" if not distributed else name
-    return StrategySpec(
-        name,
-        "single",
-        loop_options=("--strategy", *options),
-        granted=granted,
-        distributed=distributed,
-    )
+    def reference(self) -> str | None:
+        """The row whose loss this one must equal: pretrain/run.py in one process."""
+        return None if self.name == "single" else "single"
 
 
 STRATEGY_SPECS = {
     spec.name: spec
     for spec in (
-        StrategySpec(
-            "single",
-            None,
-            {"cpu": "cpu.yaml", "cuda": "single_gpu.yaml"},
-            granted="single",
-            distributed=False,
-        ),
-        _trainer("ddp", "cpu_ddp.yaml", "multi_gpu_ddp.yaml", "ddp"),
-        _trainer("fsdp", "cpu_fsdp.yaml", "fsdp.yaml", "fsdp2"),
-        _trainer("zero2", "cpu_deepspeed_zero2.yaml", "deepspeed_zero2.yaml", "zero2"),
-        _trainer("zero3", "cpu_deepspeed_zero3.yaml", "deepspeed_zero3.yaml", "zero3"),
-        _loop("single-loop", "single", distributed=False),
-        _loop("tp", "tp"),
-        _loop("pp-gpipe", "pp", "--pipeline_schedule", "gpipe"),
-        _loop("pp-1f1b", "pp", "--pipeline_schedule", "1f1b"),
+        StrategySpec("single", "single", ("cpu.yaml", "single_gpu.yaml"), distributed=False),
+        StrategySpec("ddp", "ddp", ("cpu_ddp.yaml", "multi_gpu_ddp.yaml")),
+        StrategySpec("fsdp", "fsdp2", ("cpu_fsdp.yaml", "fsdp.yaml")),
+        StrategySpec("zero2", "zero2", ("cpu_deepspeed_zero2.yaml", "deepspeed_zero2.yaml")),
+        StrategySpec("zero3", "zero3", ("cpu_deepspeed_zero3.yaml", "deepspeed_zero3.yaml")),
+        StrategySpec("single-loop", "single", loop_options=("single",), distributed=False),
+        StrategySpec("tp", "tp", loop_options=("tp",)),
+        StrategySpec("pp-gpipe", "pp-gpipe", loop_options=("pp", "--pipeline_schedule", "gpipe")),
+        StrategySpec("pp-1f1b", "pp-1f1b", loop_options=("pp", "--pipeline_schedule", "1f1b")),
     )
 }
 
@@ -163,19 +137,6 @@ class ComparisonArguments:
             "help": "Training YAML for every strategy (default: pretrain/configs/tiny.yaml on "
             "cpu, pretrain/configs/gpt2_117m.yaml on cuda)."
         },
-    )
-    corpus: list[str] | None = field(
-        default=None, metadata={"help": "Corpus paths (default: the training config's)."}
-    )
-    tokenizer_dir: str | None = field(
-        default=None, metadata={"help": "Tokenizer folder (default: the training config's)."}
-    )
-    cache_dir: str | None = field(
-        default=None,
-        metadata={"help": "Packed-block cache folder (default: the training config's)."},
-    )
-    max_train_tokens: int | None = field(
-        default=None, metadata={"help": "Token budget (default: the training config's)."}
     )
     max_steps: int = field(
         default=16,
@@ -271,7 +232,11 @@ class ComparisonRow:
 
 
 def training_argv(
-    args: ComparisonArguments, spec: StrategySpec, run_dir: Path, blocks_per_process: int
+    args: ComparisonArguments,
+    spec: StrategySpec,
+    run_dir: Path,
+    blocks_per_process: int,
+    shared_flags: list[str],
 ) -> list[str]:
     """The training flags of one strategy: the shared options, then what each loop needs to
     record the last step's loss and to skip work the comparison does not read.
@@ -290,18 +255,14 @@ def training_argv(
         "--logging_steps", "1",
         "--save_strategy", "no",
         "--disable_tqdm", "true",
+        *shared_flags,
+        "--final_loss_window", "1",  # the last step's loss
     ]  # fmt: skip
-    if args.corpus:
-        argv += ["--corpus", *args.corpus]
-    for name in ("tokenizer_dir", "cache_dir", "max_train_tokens"):
-        if getattr(args, name) is not None:
-            argv += [f"--{name}", str(getattr(args, name))]
-    argv += ["--final_loss_window", "1"]  # the last step's loss
     if spec.uses_trainer:
         return argv
-    if spec.is_pipeline and args.num_microbatches is not None:
+    if spec.loop_options[0] == "pp" and args.num_microbatches is not None:
         argv += ["--num_microbatches", str(args.num_microbatches)]
-    return [*spec.loop_options, *argv]
+    return ["--strategy", *spec.loop_options, *argv]
 
 
 def launch_command(
@@ -310,11 +271,12 @@ def launch_command(
     run_dir: Path,
     num_processes: int,
     blocks_per_process: int,
+    shared_flags: list[str],
 ) -> list[str]:
     """The command line of one strategy, with this interpreter's launchers."""
-    training = training_argv(args, spec, run_dir, blocks_per_process)
+    training = training_argv(args, spec, run_dir, blocks_per_process, shared_flags)
     if spec.uses_trainer:
-        config = ACCELERATE_CONFIG_DIR / spec.accelerate_configs[args.device]
+        config = ACCELERATE_CONFIG_DIR / spec.accelerate_configs[DEVICES.index(args.device)]
         launcher = [
             sys.executable, "-m", "accelerate.commands.launch",
             "--config_file", str(config), "--num_processes", str(num_processes),
@@ -331,15 +293,13 @@ def launch_command(
     ]  # fmt: skip
 
 
-def child_environment(device: str) -> dict[str, str]:
-    """The children's environment: ours, with the repository importable, and on CPU one thread
-    per process and DeepSpeed on the CPU (it would pick a GPU that is there but not asked for)."""
-    env = dict(os.environ)
-    repo_root = str(REPO_ROOT)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
-    if device == "cpu":
-        env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    return env
+def steady_step_seconds(summary: dict[str, Any]) -> float | None:
+    """Seconds per optimizer step after the first (which carries compilation and warm-up)."""
+    first, loop = summary.get("first_step_seconds"), summary.get("train_loop_seconds")
+    steps = summary.get("global_step", 0) - summary.get("resumed_from_step", 0)
+    if first is None or loop is None or steps < 2 or loop <= first:
+        return None
+    return (loop - first) / (steps - 1)
 
 
 def max_over_ranks(records: list[dict[str, Any]], *keys: str) -> int:
@@ -371,14 +331,14 @@ def read_summary(row: ComparisonRow, spec: StrategySpec, summary: dict[str, Any]
     row.tokens_per_second = row.global_batch_tokens / row.step_seconds
 
 
-def run_strategy(args: ComparisonArguments, spec: StrategySpec, output_dir: Path) -> ComparisonRow:
+def run_strategy(
+    args: ComparisonArguments, spec: StrategySpec, output_dir: Path, shared_flags: list[str]
+) -> ComparisonRow:
     """Train one strategy in its run folder under `output_dir`; its row."""
     num_processes = args.num_processes if spec.distributed else 1
-    blocks = (
-        args.global_batch_size // num_processes if spec.splits_batch else args.global_batch_size
-    )
+    blocks = args.global_batch_size // (num_processes if spec.uses_trainer else 1)
     run_dir = output_dir / spec.name
-    command = launch_command(args, spec, run_dir, num_processes, blocks)
+    command = launch_command(args, spec, run_dir, num_processes, blocks, shared_flags)
     row = ComparisonRow(
         strategy=spec.name,
         reference=spec.reference,
@@ -388,13 +348,11 @@ def run_strategy(args: ComparisonArguments, spec: StrategySpec, output_dir: Path
         blocks_per_process=blocks,
         wall_seconds=0.0,
     )
-    log_path = output_dir / f"{spec.name}.log"
-    logger.info(
-        "%s: %d process(es), %d blocks each; log %s", spec.name, num_processes, blocks, log_path
-    )
-    outcome = run_variant(
-        command, run_dir, log_path, child_environment(args.device), args.timeout_minutes * 60
-    )
+    logger.info("%s: %d process(es), %d blocks each", spec.name, num_processes, blocks)
+    # On CPU: one thread per process, and DeepSpeed on the CPU (it would pick a GPU that is
+    # there but not asked for).
+    cpu = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"} if args.device == "cpu" else {}
+    outcome = run_variant(command, run_dir, repo_environment(**cpu), args.timeout_minutes * 60)
     row.wall_seconds = outcome.wall_seconds
     row.error = outcome.error
     if outcome.summary is not None:
@@ -542,14 +500,16 @@ def create_output_dir(path: Path, overwrite: bool) -> None:
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)  # after --: pretrain/run.py flags
     (args,) = parse_args(
-        [ComparisonArguments], argv, description=__doc__, prog="compare-parallelism"
+        [ComparisonArguments], argv[:split], description=__doc__, prog="compare-parallelism"
     )
     # The strategies' run folders are written in place, where their summaries say they are;
     # the comparison's JSON comes last, so a folder without it is an unfinished comparison.
     output_dir = Path(args.output_dir)
     create_output_dir(output_dir, args.overwrite)
-    rows = [run_strategy(args, spec, output_dir) for spec in args.chosen_strategies()]
+    strategies = args.chosen_strategies()
+    rows = [run_strategy(args, spec, output_dir, argv[split + 1 :]) for spec in strategies]
     compare_with_references(rows)
     table = write_comparison(args, rows, output_dir, argv)
     print("\n".join(table))

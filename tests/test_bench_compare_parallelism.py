@@ -39,15 +39,16 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
 def comparison_argv(data_paths: dict, output_dir, *options: str) -> list[str]:
     return [
         "--output_dir", str(output_dir),
+        "--max_steps", str(NUM_STEPS),
+        "--global_batch_size", str(GLOBAL_BATCH),
+        "--num_processes", "2",
+        *options,
+        "--",  # pretrain/run.py's flags, for every strategy
         "--corpus", str(data_paths["corpus_dir"]),
         "--tokenizer_dir", str(data_paths["tokenizer_dir"]),
         "--cache_dir", str(data_paths["cache_dir"]),
         # The budget of the DDP and model-parallel tests: one cache of packed blocks for all.
         "--max_train_tokens", str(NUM_BLOCKS * BLOCK_SIZE),
-        "--max_steps", str(NUM_STEPS),
-        "--global_batch_size", str(GLOBAL_BATCH),
-        "--num_processes", "2",
-        *options,
     ]  # fmt: skip
 
 
