@@ -1,78 +1,111 @@
-"""Run the 12M-token GPT-2 job and its speed ablation, then print one table.
+"""GPT-2 117M on 12M tokens on one GPU: the course run as shipped, and the ablations that decide
+its speed defaults, each a whole run (launch to summary: compile and checkpoints included).
 
-Called by `bench/gpu_12m.sh` once the corpus, tokenizer and packed blocks exist. Each variant
-is a separate `pretrain/run.py` process (so its end-to-end time, compile time and peak memory
-are its own) on the same blocks:
+    bash bench/gpu_12m.sh [--corpus data/WebOfScience.zip]  # installs wheels, then runs this
+    bash bench/gpu_12m.sh --dry-run                         # every row on CPU, tiny model
 
-- `main`: `pretrain/configs/gpt2_117m.yaml` as shipped, the whole token budget;
-- the others change one setting of it and stop after `--ablation_steps` optimizer steps (their
-  speed is settled by then; their loss is not comparable with the full run's).
+First the inputs, each kept in --output_dir and reused by a rerun: the corpus (the given one,
+else up to 60 MB of the installed packages' docstrings, real English: a fresh machine has no
+Web of Science copy), a byte-level BPE of 32,768 tokens trained on it, the packed blocks of
+exactly 12M training tokens (the corpus repeated if smaller). Then one pretrain/run.py process
+per row (ROWS: pretrain/configs/gpt2_117m.yaml with one change), in order, until
+--time_limit_s is spent; a row still running then is stopped, and a rerun with the same
+--output_dir reads the finished rows back and trains the rest. All rows share one compile
+cache folder, emptied before `main`: `main` compiles cold, `main_warm` repeats it warm, and
+every later row finds what earlier rows compiled.
 
-Columns, from each run's `run_summary.json`: tokens/s over the whole training loop (first step
-included) and after the first step; MFU of the whole loop; loop and end-to-end (launch to
-summary) seconds; how much longer the first step took than a later one (torch.compile, CUDA
-warm-up); peak GPU memory of the tensors; the final loss (mean of the last logged losses);
-steps and tokens trained.
+Columns, from each run_summary.json: whole-run seconds and their ratio to `main_warm`'s, the
+run's time budget by part (when the summary has one), checkpoint saves (number and seconds),
+compiles and recompiles, training-loop seconds, tokens/s and MFU of the loop, peak GPU memory
+of the tensors, final loss (mean of the last logged losses), optimizer steps.
 
-With `--dry_run` every run is the `tiny` model on CPU for a few steps and compiled variants use
-the `eager` dynamo backend (graph capture without code generation), to check the whole script
-in a minute or two; its numbers mean nothing.
-
-    python bench/gpu_ablation.py --corpus C --tokenizer_dir T --cache_dir D --output_dir O
+With --dry_run every row is the tiny model on CPU (4,096 tokens, checkpoints every 4 steps,
+compiled rows with dynamo's `eager` backend): it checks every row and the table, not speed.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from bench.variants import run_variant, steady_step_seconds
+from bench.docstring_corpus import CORPUS_FILE, DocstringCorpusArguments, write_docstring_corpus
+from bench.variants import REPO_ROOT, finished_earlier, repo_environment, run_variant
 from common.cli import InputError, entry_point, parse_args
+from common.corpus import CorpusArguments
+from common.system import hardware_description, library_versions
 from report.tables import markdown_table
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MAIN_CONFIG = REPO_ROOT / "pretrain" / "configs" / "gpt2_117m.yaml"
-COURSE_TOKENS = 12_000_000
-
-# name -> flags on top of the shipped config. Each changes one lever of the main run.
-VARIANTS: dict[str, list[str]] = {
-    "main": [],
+COURSE_CONFIG = REPO_ROOT / "pretrain" / "configs" / "gpt2_117m.yaml"
+RUN_SCRIPT = REPO_ROOT / "pretrain" / "run.py"
+# Row -> flags on top of the shipped config, most decisive first: a time limit cuts the last.
+ROWS: dict[str, list[str]] = {
+    "main": [],  # the course run as shipped, compile cache cold
+    "main_warm": [],  # the same, compile cache warm: the reference of every ratio
     "eager": ["--torch_compile", "false"],
-    "compile_full_model": ["--torch_compile", "true", "--compile_regions", "false"],
-    "loss_hf": ["--loss_implementation", "hf"],
-    "batch_32": ["--per_device_train_batch_size", "32"],
-    "batch_128": ["--per_device_train_batch_size", "128"],
     "no_checkpoints": ["--save_strategy", "no"],
+    "loss_hf": ["--loss_implementation", "hf"],
+    "gelu_tanh": ["--activation_function", "gelu_pytorch_tanh"],  # GPT-2's: gelu_new
+    "batch_128": ["--per_device_train_batch_size", "128"],
+    "batch_32": ["--per_device_train_batch_size", "32"],
 }
-# The dry run: the tiny model on CPU, small blocks, a few steps.
-DRY_RUN_FLAGS = [
-    "--model_preset", "tiny", "--block_size", "64", "--use_cpu", "true",
-    "--per_device_train_batch_size", "8", "--dataloader_num_workers", "0",
-]  # fmt: skip
-DRY_RUN_BATCH_SIZES = {"batch_32": "4", "batch_128": "16"}
+COLD_ROW, REFERENCE_ROW = "main", "main_warm"
+
+
+@dataclass(frozen=True)
+class Scale:
+    corpus_megabytes: float
+    vocab_size: int
+    train_tokens: int
+    time_limit_s: float  # the default of --time_limit_s
+    flags: tuple[str, ...] = ()  # on top of every row's
+    batch_divisor: int = 1  # of the batch rows' sizes
+
+
+# On a GPU lent for 15 minutes: two calls of 330 s (the second continuing the first) and the
+# machine's start.
+GPU = Scale(60, 32768, 12_000_000, 330)
+DRY_RUN = Scale(
+    2, 1024, 4096, 1200,
+    ("--model_preset", "tiny", "--block_size", "64", "--use_cpu", "true",
+     "--per_device_train_batch_size", "8", "--dataloader_num_workers", "0", "--save_steps", "4"),
+    batch_divisor=8,
+)  # fmt: skip
 
 
 @dataclass
 class AblationArguments:
-    corpus: list[str] = field(metadata={"help": "Corpus paths (as for pretrain/run.py)."})
-    tokenizer_dir: str = field(metadata={"help": "Tokenizer folder."})
-    cache_dir: str = field(metadata={"help": "Packed-block cache folder (already prepared)."})
-    output_dir: str = field(metadata={"help": "Folder for one run folder per variant."})
-    max_train_tokens: int = field(
-        default=COURSE_TOKENS, metadata={"help": "Token budget of the main run."}
+    output_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder of inputs, runs and table.md (default: runs/bench_gpu_12m, with "
+            "--dry_run runs/bench_gpu_12m_dry_run)."
+        },
     )
-    ablation_steps: int = field(
-        default=40, metadata={"help": "Optimizer steps of each ablation run."}
+    corpus: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Corpus paths (default: the installed packages' docstrings)."},
     )
-    variants: list[str] = field(
-        default_factory=lambda: list(VARIANTS),
-        metadata={"help": f"Which runs, in order: {', '.join(VARIANTS)}."},
+    tokenizer_dir: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer folder (default: trained on the corpus into output_dir)."},
+    )
+    rows: list[str] = field(
+        default_factory=lambda: list(ROWS),
+        metadata={"help": f"Rows to run, in this order: {', '.join(ROWS)}."},
+    )
+    time_limit_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds for everything, inputs included (default: 330, dry run 1200): a "
+            "row still running then is stopped; the table shows what finished, a rerun continues."
+        },
     )
     dry_run: bool = field(
         default=False,
@@ -80,130 +113,159 @@ class AblationArguments:
     )
 
     def __post_init__(self) -> None:
-        unknown = [name for name in self.variants if name not in VARIANTS]
+        unknown = [name for name in self.rows if name not in ROWS]
         if unknown:
-            raise InputError(
-                f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}"
+            raise InputError(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+        if self.output_dir is None:
+            self.output_dir = "runs/bench_gpu_12m" + ("_dry_run" if self.dry_run else "")
+        if self.time_limit_s is None:
+            self.time_limit_s = (DRY_RUN if self.dry_run else GPU).time_limit_s
+
+
+def prepare_inputs(args: AblationArguments, scale: Scale) -> tuple[list[str], str, list[str]]:
+    """The corpus and the tokenizer, made where not given or kept; (corpus, tokenizer folder,
+    how long each stage took)."""
+    from tokenizer.train import TokenizerArguments, train_tokenizer
+
+    output_dir, stages = Path(args.output_dir), []
+    corpus, tokenizer_dir = args.corpus, args.tokenizer_dir or str(output_dir / "tokenizer")
+    started = time.perf_counter()
+    if not corpus:
+        corpus = [str(output_dir / "corpus" / CORPUS_FILE)]
+        if not Path(corpus[0]).is_file():
+            corpus_args = DocstringCorpusArguments(
+                str(output_dir / "corpus"), scale.corpus_megabytes, num_proc=os.cpu_count()
             )
+            write_docstring_corpus(corpus_args)
+            stages.append(f"corpus {time.perf_counter() - started:.1f} s")
+    if not Path(tokenizer_dir).is_dir():
+        started = time.perf_counter()
+        tokenizer_args = TokenizerArguments(output_dir=tokenizer_dir, vocab_size=scale.vocab_size)
+        train_tokenizer(CorpusArguments(corpus=corpus), tokenizer_args, show_progress=False)
+        stages.append(f"tokenizer {time.perf_counter() - started:.1f} s")
+    return corpus, tokenizer_dir, stages
 
 
-def variant_command(args: AblationArguments, name: str) -> list[str]:
-    """The `pretrain/run.py` command line of one variant."""
-    command = [
-        sys.executable, str(REPO_ROOT / "pretrain" / "run.py"),
-        "--config", str(MAIN_CONFIG),
-        "--corpus", *args.corpus,
-        "--tokenizer_dir", args.tokenizer_dir,
-        "--cache_dir", args.cache_dir,
-        "--max_train_tokens", str(args.max_train_tokens),
-        "--repeat_corpus",
-        "--output_dir", str(Path(args.output_dir) / name),
-    ]  # fmt: skip
-    flags = list(VARIANTS[name])
-    if args.dry_run:
-        command += DRY_RUN_FLAGS
-        if name in DRY_RUN_BATCH_SIZES:
-            flags[flags.index("--per_device_train_batch_size") + 1] = DRY_RUN_BATCH_SIZES[name]
-    command += flags
-    if name != "main":
-        command += ["--max_steps", str(args.ablation_steps)]
-    if args.dry_run and compiles(command):
-        command += ["--torch_compile_backend", "eager"]
-    return command
+def row_command(
+    args: AblationArguments, scale: Scale, name: str, corpus: list[str], tokenizer_dir: str
+) -> list[str]:
+    """The `pretrain/run.py` command line of one row."""
+    from pretrain.run import parse_pretrain_args
 
-
-def compiles(command: list[str]) -> bool:
-    """Whether the run will use torch.compile: the last --torch_compile flag, else the config."""
-    if "--torch_compile" in command:
-        last = len(command) - 1 - command[::-1].index("--torch_compile")
-        return command[last + 1].lower() == "true"
-    return bool(yaml.safe_load(MAIN_CONFIG.read_text()).get("torch_compile", False))
-
-
-def train_variant(args: AblationArguments, name: str) -> dict:
-    """Run one variant as its own process; its run summary, or {"failed": why}."""
     output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    log_path = output_dir / f"{name}.log"
-    logger.info("%s: log %s", name, log_path)
-    outcome = run_variant(variant_command(args, name), output_dir / name, log_path)
-    if outcome.summary is None:
-        logger.error("%s failed: %s", name, outcome.error)
-        return {"failed": outcome.error}
-    return outcome.summary
+    row_flags = list(ROWS[name])
+    if "--per_device_train_batch_size" in row_flags:
+        at = row_flags.index("--per_device_train_batch_size") + 1
+        row_flags[at] = str(int(row_flags[at]) // scale.batch_divisor)
+    flags = [
+        "--config", str(COURSE_CONFIG),
+        "--corpus", *corpus,
+        "--tokenizer_dir", tokenizer_dir,
+        "--cache_dir", str(output_dir / "cache"),
+        "--compile_cache_dir", str(output_dir / "compile_cache"),
+        "--max_train_tokens", str(scale.train_tokens),
+        "--repeat_corpus", "true",
+        "--output_dir", str(output_dir / "runs" / name),
+        "--disable_tqdm", "true",
+        *scale.flags,
+        *row_flags,
+    ]  # fmt: skip
+    if scale is DRY_RUN and parse_pretrain_args(flags).training.torch_compile:
+        flags += ["--torch_compile_backend", "eager"]  # graph capture without code generation
+    return [sys.executable, str(RUN_SCRIPT), *flags]
 
 
-HEADER = [
-    "run",
-    "tokens/s",
-    "after 1st step",
-    "MFU",
-    "loop s",
-    "end-to-end s",
-    "1st step extra s",
-    "peak GiB",
-    "final loss",
-    "steps",
-    "tokens",
-]
+def prepare_blocks_of(command: list[str]) -> None:
+    """The packed blocks every row trains on, built before the first row's clock starts."""
+    from pretrain.blocks.cache import prepare_blocks
+    from pretrain.run import parse_pretrain_args
+
+    parsed = parse_pretrain_args(command[2:])
+    prepare_blocks(parsed.corpus, parsed.data)
 
 
-def first_step_extra_seconds(summary: dict) -> float | None:
-    """How much longer the first step took than an average later one: torch.compile's work
-    (plus CUDA's one-time warm-up, which is all an eager run shows here)."""
-    first, loop = summary.get("first_step_seconds"), summary.get("train_loop_seconds")
-    steps = summary.get("global_step", 0) - summary.get("resumed_from_step", 0)
-    if first is None or loop is None or steps < 2:
-        return None
-    return first - (loop - first) / (steps - 1)
+def run_rows(args: AblationArguments, commands: dict[str, list[str]], deadline: float) -> dict:
+    """Each row's run summary, or {"failed": why}, in order until the deadline."""
+    results = {}
+    for name, command in commands.items():
+        run_dir = Path(args.output_dir, "runs", name)
+        summary = finished_earlier(command, run_dir)
+        remaining = deadline - time.monotonic()
+        if summary is None and remaining <= 0:
+            results[name] = {"failed": "not run: time limit (a rerun continues)"}
+            continue
+        if summary is None:
+            if name == COLD_ROW:
+                shutil.rmtree(Path(args.output_dir, "compile_cache"), ignore_errors=True)
+            logger.info("%s: training, log %s.log", name, run_dir)
+            outcome = run_variant(command, run_dir, repo_environment(), timeout_s=remaining)
+            summary = outcome.summary or {"failed": outcome.error}
+        results[name] = summary
+    return results
 
 
-def tokens_per_second_after_first_step(summary: dict) -> float | None:
-    """The steady speed: every step but the first (a last partial batch counts as full)."""
-    step_seconds = steady_step_seconds(summary)
-    return None if step_seconds is None else summary["global_batch_tokens"] / step_seconds
+def number(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
 
 
-def format_row(name: str, summary: dict) -> list[str]:
-    if "failed" in summary:
-        return [name, f"FAILED: {summary['failed']}".replace("|", "/")] + [""] * (len(HEADER) - 2)
-
-    def number(key: str, fmt: str) -> str:
-        value = summary.get(key)
-        return "-" if value is None else format(value, fmt)
-
-    compile_seconds = first_step_extra_seconds(summary)
-    steady = tokens_per_second_after_first_step(summary)
-    return [
-        name,
-        number("tokens_per_second", ",.0f"),
-        "-" if steady is None else f"{steady:,.0f}",
-        number("mfu", ".1%"),
-        number("train_loop_seconds", ".1f"),
-        number("wall_seconds", ".1f"),
-        "-" if compile_seconds is None else f"{compile_seconds:.1f}",
-        number("peak_memory_gib", ".1f"),
-        number("final_loss", ".3f"),
-        f"{summary.get('global_step', '-')}",
-        number("tokens_trained", ",d"),
-    ]
+def format_table(results: dict[str, dict]) -> str:
+    parts = list(dict.fromkeys(k for r in results.values() for k in r.get("time_budget", {})))
+    header = ["row", "whole run s", f"vs {REFERENCE_ROW}", *(f"{part} s" for part in parts)]
+    header += ["checkpoint saves", "compiles", "loop s", "tokens/s", "MFU", "peak GiB"]
+    header += ["final loss", "steps"]
+    reference = results.get(REFERENCE_ROW, {}).get("wall_seconds")
+    rows = []
+    for name, summary in results.items():
+        if "failed" in summary:
+            failed = summary["failed"].replace("|", "/")
+            rows.append([name, f"FAILED: {failed}"] + [""] * (len(header) - 2))
+            continue
+        saves = summary.get("checkpoint_saves")
+        compiles = summary.get("compile")
+        budget = summary.get("time_budget", {})
+        cells = [
+            name,
+            number(summary["wall_seconds"], ".1f"),
+            number(reference and summary["wall_seconds"] / reference, ".2f"),
+            *(number(budget.get(part), ".1f") for part in parts),
+            "-" if saves is None else f"{len(saves)} in {sum(s['seconds'] for s in saves):.1f} s",
+            "-" if compiles is None else f"{compiles['compiles']} + {compiles['recompiles']}",
+            number(summary["train_loop_seconds"], ".1f"),
+            number(summary["tokens_per_second"], ",.0f"),
+            number(summary["mfu"], ".1%"),
+            number(summary["peak_memory_gib"], ".1f"),
+            number(summary["final_loss"], ".3f"),
+            str(summary["global_step"]),
+        ]
+        rows.append(cells)
+    return "\n".join(markdown_table(header, rows))
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    (args,) = parse_args(
-        [AblationArguments],
-        argv,
-        description=__doc__,
-        prog="bench/gpu_ablation.py",
-    )
-    summaries = {name: train_variant(args, name) for name in args.variants}
-    table = "\n".join(
-        markdown_table(HEADER, [format_row(name, summary) for name, summary in summaries.items()])
-    )
-    Path(args.output_dir, "table.md").write_text(table + "\n", encoding="utf-8")
-    print(table)
-    return 1 if any("failed" in summary for summary in summaries.values()) else 0
+    started = time.monotonic()
+    prog = "python -m bench.gpu_ablation"
+    (args,) = parse_args([AblationArguments], argv, description=__doc__, prog=prog)
+    scale = DRY_RUN if args.dry_run else GPU
+    corpus, tokenizer_dir, stages = prepare_inputs(args, scale)
+    commands = {name: row_command(args, scale, name, corpus, tokenizer_dir) for name in args.rows}
+    blocks_started = time.perf_counter()
+    prepare_blocks_of(next(iter(commands.values())))
+    stages.append(f"blocks {time.perf_counter() - blocks_started:.1f} s")
+    results = run_rows(args, commands, started + args.time_limit_s)
+    table = format_table(results)
+    gpus = [gpu["name"] for gpu in hardware_description().get("gpus", [])]
+    versions = ", ".join(f"{name} {version}" for name, version in library_versions().items())
+    lines = [
+        f"{time.strftime('%Y-%m-%d')}, {', '.join(gpus) or 'no GPU'}; {versions}",
+        f"corpus {' '.join(corpus)}; inputs made: {', '.join(stages)}",
+        f"{time.monotonic() - started:.0f} s in all",
+        "",
+        table,
+    ]
+    Path(args.output_dir, "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return 1 if any("failed" in summary for summary in results.values()) else 0
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def run_variant(
     try:
         returncode = run_logged(command, env, log_path(run_dir), timeout_s)
     except subprocess.TimeoutExpired:
-        error = f"stopped after the time limit of {timeout_s:.0f} s"
+        error = f"stopped at its time limit ({timeout_s:.0f} s)"
     else:
         summary_path = run_dir / GPT_SUMMARY_FILE
         if returncode != 0:

@@ -1,0 +1,55 @@
+"""The GPU benchmark's rows, checked by its dry run on CPU: the course config (compiled,
+chunked loss, checkpoints) as a whole run beside an eager one, one table from their summaries;
+a rerun reads finished rows back, and a row past the time limit is said not to have run."""
+
+import json
+
+import pytest
+
+from bench import gpu_ablation
+from common.run_contract import GPT_SUMMARY_FILE
+
+pytestmark = pytest.mark.multiprocess
+
+
+def table_rows(output_dir) -> dict[str, dict[str, str]]:
+    lines = (output_dir / "table.md").read_text().splitlines()
+    header, _, *rows = lines[lines.index("") + 1 :]
+    columns = [cell.strip() for cell in header.split("|")]
+    cells = ([cell.strip() for cell in row.split("|")] for row in rows)
+    return {row[1]: dict(zip(columns, row, strict=True)) for row in cells}
+
+
+def test_dry_run_trains_whole_rows_tabulates_them_and_continues_after_the_time_limit(
+    wos_corpus_dir, tiny_tokenizer_dir, tmp_path
+):
+    output_dir = tmp_path / "bench"
+    argv = [
+        "--dry_run",
+        "--corpus", str(wos_corpus_dir),
+        "--tokenizer_dir", str(tiny_tokenizer_dir),
+        "--output_dir", str(output_dir),
+        "--rows", "main", "eager",
+    ]  # fmt: skip
+    assert gpu_ablation.main(argv) == 0
+    main_run = json.loads((output_dir / "runs" / "main" / GPT_SUMMARY_FILE).read_text())
+    eager_run = json.loads((output_dir / "runs" / "eager" / GPT_SUMMARY_FILE).read_text())
+    assert main_run["speed_settings"]["loss_implementation"] == "chunked"
+    assert main_run["speed_settings"]["compile"] and not eager_run["speed_settings"]["compile"]
+    # Whole runs: the shipped checkpoints (every 4 steps in the dry run) and the full budget.
+    assert main_run["tokens_trained"] == eager_run["tokens_trained"] == 4096
+    assert list((output_dir / "runs" / "main").glob("checkpoint-*"))
+    rows = table_rows(output_dir)
+    assert list(rows) == ["main", "eager"]
+    assert rows["main"]["whole run s"] == f"{main_run['wall_seconds']:.1f}"
+    assert rows["eager"]["steps"] == str(eager_run["global_step"])
+
+    # No time left: the finished rows are read back as they were, the new one does not run.
+    written = (output_dir / "runs" / "main" / GPT_SUMMARY_FILE).stat().st_mtime_ns
+    argv += ["no_checkpoints", "--time_limit_s", "0"]
+    assert gpu_ablation.main(argv) == 1
+    assert (output_dir / "runs" / "main" / GPT_SUMMARY_FILE).stat().st_mtime_ns == written
+    again = table_rows(output_dir)
+    assert again["main"] == rows["main"] and again["eager"] == rows["eager"]
+    assert again["no_checkpoints"]["whole run s"].startswith("FAILED: not run: time limit")
+    assert not (output_dir / "runs" / "no_checkpoints").exists()
