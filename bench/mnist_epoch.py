@@ -12,7 +12,7 @@ into a temporary torchvision layout so all pipelines read the same data. One war
 pipeline, then the pipelines alternate --repeats times so that noise from other processes
 hits all of them; medians and ratios (torchvision = 1) are printed.
 
-    python bench/mnist_epoch.py [--data_dir data/mnist] [--batch_size 32] [--repeats 5]
+    python -m bench.mnist_epoch [--data_dir data/mnist] [--batch_size 32] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ from torchvision import transforms
 from torchvision.datasets import MNIST
 
 from common.cli import entry_point, parse_args
-from common.files import write_json_atomic
-from common.system import hardware_description, library_versions
 from mnist.args import MnistArguments
 from mnist.data import MNIST_MEAN, MNIST_STD, DeviceBatches, MnistDataset, load_digit_splits
 from mnist.experiment import resolve_device
 from mnist.idx import write_idx
 from mnist.model import LeNet5
+from report.tables import markdown_table
 
 PIPELINES = ("torchvision", "dataset", "device")
 
@@ -54,9 +53,6 @@ class EpochBenchArguments:
     device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
     num_threads: int = field(
         default=0, metadata={"help": "torch CPU threads (0: torch's default)."}
-    )
-    output_json: str | None = field(
-        default=None, metadata={"help": "Also write the results to this JSON file."}
     )
 
 
@@ -138,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     with tempfile.TemporaryDirectory(prefix="mnist-epoch-") as root:
         pipelines = build_pipelines(images, labels, Path(root), args.batch_size, device)
-        for mode, train in (("data_only", False), ("training", True)):
+        for mode, train in (("reading only", False), ("training LeNet-5", True)):
             epochs = {name: make_epoch(pipelines[name], device, train) for name in PIPELINES}
             results[mode] = time_epochs(epochs, args.repeats)
 
@@ -146,29 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(labels)} digits ({splits.source}), batch {args.batch_size}, device {device}, "
         f"{torch.get_num_threads()} threads, median of {args.repeats} epochs"
     )
-    print(f"{'pipeline':<12} {'mode':<10} {'epoch s':>9} {'digits/s':>10} {'speed-up':>9}")
-    for mode, seconds in results.items():
-        for name in PIPELINES:
-            speedup = seconds["torchvision"] / seconds[name]
-            print(
-                f"{name:<12} {mode:<10} {seconds[name]:>9.3f} "
-                f"{len(labels) / seconds[name]:>10.0f} {speedup:>8.1f}x"
-            )
-    if args.output_json:
-        write_json_atomic(
-            args.output_json,
-            {
-                "num_digits": len(labels),
-                "data_source": splits.source,
-                "batch_size": args.batch_size,
-                "device": str(device),
-                "num_threads": torch.get_num_threads(),
-                "repeats": args.repeats,
-                "median_epoch_seconds": results,
-                "hardware": hardware_description(),
-                "versions": library_versions(),
-            },
-        )
+    header = ["pipeline"]
+    for mode in results:
+        header += [f"{mode}: s/epoch", "speed-up"]
+    rows = [
+        [name, *(f"{r[name]:.3f} | {r['torchvision'] / r[name]:.1f}x" for r in results.values())]
+        for name in PIPELINES
+    ]
+    print("\n".join(markdown_table(header, rows)))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Tokenizer training speed on a Web-of-Science-sized corpus (target: the full WoS in <= 60 s).
 
-    python bench/train_tokenizer.py                      # synthetic 60 MB corpus, 3 repeats
-    python bench/train_tokenizer.py --corpus data/WebOfScience.zip
+    python -m bench.train_tokenizer                      # synthetic 60 MB corpus, 3 repeats
+    python -m bench.train_tokenizer --corpus data/WebOfScience.zip
 
 Runs the real `train_tokenizer` path (reading pass, streaming BPE training, held-out stats,
 saving) several times and reports the best and median, because the machine is shared and
@@ -18,24 +18,20 @@ below.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import random
 import re
-import statistics
-import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common.cli import entry_point, parse_args  # noqa: E402
-from common.corpus import WOS_TEXT_FILE, CorpusArguments  # noqa: E402
-from common.demo_corpus import demo_documents  # noqa: E402
-from common.system import hardware_description, library_versions  # noqa: E402
-from tokenizer.train import TokenizerArguments, train_tokenizer  # noqa: E402
+from common.cli import entry_point, parse_args
+from common.corpus import WOS_TEXT_FILE, CorpusArguments
+from common.demo_corpus import demo_documents
+from report.tables import markdown_table
+from tokenizer.train import TokenizerArguments, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +58,6 @@ class BenchArguments:
     )
     vocab_size: int = field(default=32768, metadata={"help": "Vocabulary size to train."})
     repeats: int = field(default=3, metadata={"help": "Training runs; best and median reported."})
-    output_json: str | None = field(
-        default=None, metadata={"help": "Also write the results to this JSON file."}
-    )
 
 
 def synthesize_wos_corpus(folder: Path, size_bytes: int, seed: int = 0) -> Path:
@@ -103,81 +96,53 @@ def synthesize_wos_corpus(folder: Path, size_bytes: int, seed: int = 0) -> Path:
 
 def time_training(
     corpus: list[str], vocab_size: int, repeats: int, work_dir: Path
-) -> list[dict[str, float]]:
-    runs = []
+) -> tuple[dict[str, list[float]], dict]:
+    """Each measure of every repeat, and the stats of the last one; the repeats must save the
+    same tokenizer.json."""
+    measures: dict[str, list[float]] = {}
     tokenizer_files = set()
     for repeat in range(repeats):
         output_dir = work_dir / f"run{repeat}"
-        started = time.perf_counter()
-        cpu_started = time.process_time()
+        started, cpu_started = time.perf_counter(), time.process_time()
         stats = train_tokenizer(
             CorpusArguments(corpus=corpus),
             TokenizerArguments(output_dir=str(output_dir), vocab_size=vocab_size),
             show_progress=False,
         )
-        runs.append(
-            {
-                "wall_seconds": round(time.perf_counter() - started, 2),
-                "cpu_seconds": round(time.process_time() - cpu_started, 2),
-                "reading_seconds": stats["reading_seconds"],
-                "training_seconds": stats["training_seconds"],
-                "training_mb_per_second": stats["training_mb_per_second"],
-                "num_bytes": stats["num_bytes"],
-                "num_documents": stats["num_documents"],
-                "heldout_bytes_per_token": stats["heldout"]["bytes_per_token"],
-            }
-        )
+        run = {
+            "training seconds": stats["training_seconds"],
+            "throughput (MB/s)": stats["num_bytes"] / 1e6 / stats["training_seconds"],
+            "train_tokenizer(), wall seconds": time.perf_counter() - started,
+            "CPU seconds (all threads)": time.process_time() - cpu_started,
+        }
+        for name, value in run.items():
+            measures.setdefault(name, []).append(value)
         tokenizer_files.add((output_dir / "tokenizer.json").read_bytes())
-        logger.info("run %d: %s", repeat, runs[-1])
+        logger.info("run %d: %s", repeat, run)
     if len(tokenizer_files) != 1:
         raise RuntimeError("repeated runs gave different tokenizer.json files")
-    return runs
-
-
-def summarize(runs: list[dict[str, float]]) -> dict[str, float]:
-    walls = [run["wall_seconds"] for run in runs]
-    trainings = [run["training_seconds"] for run in runs]
-    num_mb = runs[0]["num_bytes"] / 1e6
-    return {
-        "corpus_mb": round(num_mb, 1),
-        "num_documents": runs[0]["num_documents"],
-        "best_wall_seconds": min(walls),
-        "median_wall_seconds": statistics.median(walls),
-        "best_training_seconds": min(trainings),
-        "median_training_seconds": statistics.median(trainings),
-        "best_mb_per_second": round(num_mb / min(trainings), 2),
-        "median_mb_per_second": round(num_mb / statistics.median(trainings), 2),
-        "median_cpu_seconds": statistics.median(run["cpu_seconds"] for run in runs),
-        "heldout_bytes_per_token": round(runs[0]["heldout_bytes_per_token"], 3),
-    }
+    return measures, stats
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    (args,) = parse_args(
-        [BenchArguments], argv, description=__doc__, prog="python bench/train_tokenizer.py"
-    )
+    prog = "python -m bench.train_tokenizer"
+    (args,) = parse_args([BenchArguments], argv, description=__doc__, prog=prog)
     with tempfile.TemporaryDirectory(prefix="bench-tokenizer-") as tmp:
-        work_dir = Path(tmp)
         corpus = args.corpus
         if not corpus:
-            started = time.perf_counter()
             size_bytes = int(args.synthetic_mb * 1e6)
-            corpus = [str(synthesize_wos_corpus(work_dir / "corpus", size_bytes))]
-            logger.info("synthesised the corpus in %.1f s", time.perf_counter() - started)
-        runs = time_training(corpus, args.vocab_size, args.repeats, work_dir)
-    result = {
-        "corpus": args.corpus or f"synthetic WoS-sized corpus ({args.synthetic_mb} MB)",
-        "vocab_size": args.vocab_size,
-        "summary": summarize(runs),
-        "runs": runs,
-        "config": asdict(args),
-        "hardware": hardware_description(),
-        "versions": library_versions(),
-    }
-    if args.output_json:
-        Path(args.output_json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(result["summary"], indent=2))
+            corpus = [str(synthesize_wos_corpus(Path(tmp, "corpus"), size_bytes))]
+        measures, stats = time_training(corpus, args.vocab_size, args.repeats, Path(tmp))
+    print(
+        f"{stats['num_bytes'] / 1e6:.1f} MB, {stats['num_documents']:,} documents, vocabulary "
+        f"{args.vocab_size:,}: held-out bytes per token {stats['heldout']['bytes_per_token']:.2f}"
+    )
+    rows = [
+        [name, f"{(max if 'MB/s' in name else min)(values):.2f}", f"{median(values):.2f}"]
+        for name, values in measures.items()
+    ]
+    print("\n".join(markdown_table(["", "best", f"median of {args.repeats}"], rows)))
     return 0
 
 
