@@ -1,25 +1,24 @@
 """Training recipes side by side: our configs against the recipes users copy, by measurement.
 
-A recipe is a YAML file in bench/recipes/: optimiser settings that differ from
-pretrain/configs/gpt2_117m.yaml, with their source in a comment. Every run is one process of
+A recipe is a YAML file in bench/recipes/: the optimiser settings that differ from
+pretrain/configs/gpt2_117m.yaml, their source in a comment. A row (`--recipes`) is a recipe's
+name, optionally followed by flags in the same argument (`"course_before --learning_rate
+5.0e-4"`); flags after `--` go to every run (the corpus; a batch with its token budget). Each
+run is one process of
 
     pretrain/run.py --config pretrain/configs/gpt2_117m.yaml PROXY_FLAGS [flags after --]
         [the recipe's keys as flags] [the row's flags] --tokenizer_dir T --seed S --output_dir D
 
-PROXY_FLAGS shrink the course run to a CPU proxy: the `proxy` preset (4 layers x 128), blocks
-of 64 tokens, 16 per step, the course's 184 steps, fp32, eager. So every recipe trains the same
+PROXY_FLAGS shrink the course run to a CPU proxy (the `proxy` preset, 4 layers x 128; blocks
+of 64 tokens, 16 per step, the course's 184 steps; fp32, eager), so every row trains the same
 model on the same blocks for the same steps from the same seeds, and is judged by its
-validation loss (nats per token) on the same held-out blocks.
+validation loss on the same held-out blocks. With several `--tokenizer_dirs` the table also
+compares vocabularies: bytes per token, training FLOPs per token and per byte (of the proxy and
+of GPT-2 117M with that vocabulary), unigram entropy.
 
-A row (`--recipes`) is a recipe's name, optionally followed by flags in the same argument:
-`nanogpt_small`, `"course_before --learning_rate 5.0e-4"`. Flags after `--` go to every run
-(the corpus, a batch with its token budget). With several `--tokenizer_dirs` every row runs
-with each, and the table compares vocabularies: bytes per token, training FLOPs per token and
-per byte (of the proxy, and of GPT-2 117M with that vocabulary), unigram entropy.
-
-Columns: the validation loss of each seed, their mean and spread (max - min), bits per byte
-(mean), the largest rise of the logged training loss above its running minimum (the worst
-seed: a loss spike), then the settings each run resolved. The table is also written to
+Columns: the validation loss (nats per token) of each seed, their mean and spread (max - min),
+bits per byte, the largest rise of the logged training loss above its running minimum (a
+spike; the worst seed), then the settings the runs resolved. The table is also written to
 `<output_dir>/table.md`; a finished run whose log starts with the same flags is read back.
 
     python -m bench.compare_recipes --tokenizer_dirs runs/bench/tokenizer-8192 \\
@@ -114,7 +113,6 @@ def recipe_flags(spec: str) -> list[str]:
 class Run:
     row: str
     tokenizer_dir: str
-    seed: int
     output_dir: Path
     flags: list[str]
 
@@ -131,22 +129,22 @@ def plan_runs(args: RecipeBenchArguments, shared_flags: list[str]) -> list[Run]:
                 "train-tokenizer --corpus ... --output_dir DIR --vocab_size N"
             )
         for row in args.recipes:
-            flags = [*PROXY_FLAGS, *shared_flags, *recipe_flags(row)]
-            flags += ["--tokenizer_dir", tokenizer_dir]
-            resolve_sources(parse_pretrain_args(["--config", str(BASE_CONFIG), *flags]).corpus)
+            flags = ["--config", str(BASE_CONFIG), *PROXY_FLAGS, *shared_flags]
+            flags += [*recipe_flags(row), "--tokenizer_dir", tokenizer_dir]
+            resolve_sources(parse_pretrain_args(flags).corpus)
             name = re.sub(r"[^A-Za-z0-9._=]+", "-", row)
             folder = Path(args.output_dir, "runs", Path(tokenizer_dir).name, name)
             for seed in args.seeds:
                 run_dir = folder / f"seed{seed}"
                 run_flags = [*flags, "--seed", str(seed), "--output_dir", str(run_dir)]
-                runs.append(Run(row, tokenizer_dir, seed, run_dir, run_flags))
+                runs.append(Run(row, tokenizer_dir, run_dir, run_flags))
     return runs
 
 
 def train(run: Run, num_threads: int) -> dict | None:
     """Train one run in its own process (or read back the same flags' finished run); what the
     table needs from it, or None when it failed."""
-    command = [sys.executable, str(RUN_SCRIPT), "--config", str(BASE_CONFIG), *run.flags]
+    command = [sys.executable, str(RUN_SCRIPT), *run.flags]
     env = repo_environment(OMP_NUM_THREADS=str(num_threads), TOKENIZERS_PARALLELISM="false")
     outcome = run_variant(command, run.output_dir, env, read_back=True)
     if outcome.summary is None:

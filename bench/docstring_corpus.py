@@ -8,7 +8,7 @@ explanations of what functions do) are varied technical English, like the abstra
 docstring's prose paragraphs (code examples, parameter tables and short lines dropped) become
 one document, one per line, de-duplicated, in a fixed order (sorted files).
 
-    python bench/docstring_corpus.py --output_dir runs/bench/corpus --max_megabytes 60
+    python -m bench.docstring_corpus --output_dir runs/bench/corpus --max_megabytes 60
 """
 
 from __future__ import annotations
@@ -64,13 +64,9 @@ def prose_document(docstring: str) -> str | None:
         if any(line.startswith((">>>", "...", "$ ", "|", "#")) for line in lines):
             continue  # examples, tables, shell sessions
         words = " ".join(lines).split()
-        if len(words) < MIN_WORDS_PER_PARAGRAPH:
-            continue
-        if sum(bool(WORD.fullmatch(w.strip(".,;:()'\""))) for w in words) < MIN_WORD_SHARE * len(
-            words
-        ):
-            continue
-        paragraphs.append(" ".join(words))
+        plain = sum(bool(WORD.fullmatch(word.strip(".,;:()'\""))) for word in words)
+        if len(words) >= MIN_WORDS_PER_PARAGRAPH and plain >= MIN_WORD_SHARE * len(words):
+            paragraphs.append(" ".join(words))
     return " ".join(paragraphs) or None
 
 
@@ -120,12 +116,8 @@ def write_docstring_corpus(args: DocstringCorpusArguments) -> tuple[Path, int, i
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    (args,) = parse_args(
-        [DocstringCorpusArguments],
-        argv,
-        description=__doc__,
-        prog="bench/docstring_corpus.py",
-    )
+    prog = "python -m bench.docstring_corpus"
+    (args,) = parse_args([DocstringCorpusArguments], argv, description=__doc__, prog=prog)
     path, num_documents, num_bytes = write_docstring_corpus(args)
     print(f"{num_documents:,} documents, {num_bytes / 1e6:.1f} MB -> {path}")
     return 0

@@ -71,42 +71,32 @@ def run_variant(
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     summary, error = None, None
-    try:
-        returncode = run_logged(command, env, log_path(run_dir), timeout_s)
-    except subprocess.TimeoutExpired:
-        error = f"stopped at its time limit ({timeout_s:.0f} s)"
-    else:
-        summary_path = run_dir / GPT_SUMMARY_FILE
-        if returncode != 0:
-            error = f"exit code {returncode}: {error_line(log_path(run_dir).read_text('utf-8'))}"
-        elif not summary_path.is_file():
-            error = f"exited with 0 but wrote no {summary_path.name}"
-        else:
-            summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    return VariantOutcome(summary, error, time.perf_counter() - started)
-
-
-def run_logged(
-    command: list[str], env: dict[str, str] | None, log: Path, timeout_s: float | None
-) -> int:
-    """Run `command` with its output in `log` (its first line: the command); its exit code.
-    Raises TimeoutExpired after `timeout_s`.
-
-    The launcher and its workers form one process group, stopped together on a timeout or an
-    interrupt: killing the launcher alone would leave its workers training.
-    """
-    with log.open("w", encoding="utf-8") as output:
-        output.write(shlex.join(command) + "\n")
-        output.flush()
+    # The launcher and its workers form one process group, stopped together on a timeout or an
+    # interrupt: killing the launcher alone would leave its workers training.
+    with log_path(run_dir).open("w", encoding="utf-8") as log:
+        log.write(shlex.join(command) + "\n")
+        log.flush()
         process = subprocess.Popen(
-            command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         try:
-            return process.wait(timeout=timeout_s)
-        except BaseException:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            raise
+            returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            if process.poll() is None:  # the time limit, or an interrupt
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    summary_path = run_dir / GPT_SUMMARY_FILE
+    if returncode is None:
+        error = f"stopped at its time limit ({timeout_s:.0f} s)"
+    elif returncode != 0:
+        error = f"exit code {returncode}: {error_line(log_path(run_dir).read_text('utf-8'))}"
+    elif not summary_path.is_file():
+        error = f"exited with 0 but wrote no {summary_path.name}"
+    else:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    return VariantOutcome(summary, error, time.perf_counter() - started)
 
 
 # The launchers' own closing words when a worker failed: they say that, not why.

@@ -130,6 +130,6 @@ def test_bad_options_are_refused_before_anything_is_written(data_paths, tmp_path
     assert main(comparison_argv(data_paths, output_dir, "--strategies", "zero4")) == 2
     assert main(comparison_argv(data_paths, output_dir, "--global_batch_size", "5")) == 2
     errors = capsys.readouterr().err.splitlines()
-    assert "zero4: unknown" in errors[-2] and "zero3" in errors[-2]
+    assert "invalid choice: 'zero4'" in errors[-2] and "zero3" in errors[-2]
     assert "--global_batch_size 5" in errors[-1] and "multiple" in errors[-1]
     assert not output_dir.exists()

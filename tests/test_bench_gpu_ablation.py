@@ -36,8 +36,8 @@ def test_dry_run_trains_whole_rows_tabulates_them_and_continues_after_the_time_l
     eager_run = json.loads((output_dir / "runs" / "eager" / GPT_SUMMARY_FILE).read_text())
     assert main_run["speed_settings"]["loss_implementation"] == "chunked"
     assert main_run["speed_settings"]["compile"] and not eager_run["speed_settings"]["compile"]
-    # Whole runs: the shipped checkpoints (every 4 steps in the dry run) and the full budget.
-    assert main_run["tokens_trained"] == eager_run["tokens_trained"] == 4096
+    # Whole runs: the shipped checkpoints (every 2 steps in the dry run) and the full budget.
+    assert main_run["tokens_trained"] == eager_run["tokens_trained"] == 16384
     assert list((output_dir / "runs" / "main").glob("checkpoint-*"))
     rows = table_rows(output_dir)
     assert list(rows) == ["main", "eager"]
