@@ -56,6 +56,7 @@ ROWS: dict[str, list[str]] = {
     "gelu_tanh": ["--activation_function", "gelu_pytorch_tanh"],  # GPT-2's: gelu_new
     "batch_128": ["--per_device_train_batch_size", "128"],
     "batch_32": ["--per_device_train_batch_size", "32"],
+    "compile_full_model": ["--compile_regions", "false"],  # one graph for the whole model
 }
 COLD_ROW, REFERENCE_ROW = "main", "main_warm"
 
