@@ -1,8 +1,9 @@
 """Every accelerate config loads with accelerate's own reader, is coherent, and picks the launcher
-it is meant for."""
+its name says; the configs the docs and compare-parallelism name are exactly those shipped."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,33 +13,44 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils import DistributedType
 from transformers.models.gpt2 import modeling_gpt2
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
+from bench.compare_parallelism import STRATEGY_SPECS
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "accelerate_configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
-# What each file is for: distributed type, machines, whether it stays on the CPU.
-EXPECTED = {
-    "cpu.yaml": (DistributedType.NO, 1, True),
-    "single_gpu.yaml": (DistributedType.NO, 1, False),
-    "multi_gpu_ddp.yaml": (DistributedType.MULTI_GPU, 1, False),
-    "cpu_ddp.yaml": (DistributedType.MULTI_GPU, 1, True),
-    "fsdp.yaml": (DistributedType.FSDP, 1, False),
-    "cpu_fsdp.yaml": (DistributedType.FSDP, 1, True),
-    "deepspeed_zero2.yaml": (DistributedType.DEEPSPEED, 1, False),
-    "cpu_deepspeed_zero2.yaml": (DistributedType.DEEPSPEED, 1, True),
-    "deepspeed_zero3.yaml": (DistributedType.DEEPSPEED, 1, False),
-    "cpu_deepspeed_zero3.yaml": (DistributedType.DEEPSPEED, 1, True),
-    "multi_node.yaml": (DistributedType.MULTI_GPU, 2, False),
-}
 MAX_KEYS = 8  # minimal: the launcher fills in everything else
 
 
-def test_the_documented_set_of_configs_is_shipped():
-    assert sorted(path.name for path in CONFIGS) == sorted(EXPECTED)
+def intended(path: Path) -> tuple[DistributedType, int, bool]:
+    """What a config's name says it is for: the launcher it names (fsdp, deepspeed, ddp or
+    multi: several processes), two machines for multi_node, the CPU for cpu_*."""
+    name = path.stem
+    if "fsdp" in name:
+        distributed_type = DistributedType.FSDP
+    elif "deepspeed" in name:
+        distributed_type = DistributedType.DEEPSPEED
+    elif "ddp" in name or "multi" in name:
+        distributed_type = DistributedType.MULTI_GPU
+    else:
+        distributed_type = DistributedType.NO
+    return distributed_type, 2 if name == "multi_node" else 1, name.startswith("cpu")
+
+
+def test_the_configs_the_docs_and_compare_parallelism_name_are_those_shipped():
+    texts = [path.read_text() for path in (REPO_ROOT / "README.md", *REPO_ROOT.glob("*/*.md"))]
+    named = {
+        name
+        for text in texts
+        for name in re.findall(r"accelerate_configs/([a-z0-9_]+\.yaml)", text)
+    }
+    named |= {name for spec in STRATEGY_SPECS.values() for name in spec.accelerate_configs or ()}
+    assert named == {path.name for path in CONFIGS}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
 def test_config_loads_and_is_coherent(path):
     config = load_config_from_file(str(path))
-    distributed_type, num_machines, on_cpu = EXPECTED[path.name]
+    distributed_type, num_machines, on_cpu = intended(path)
     assert config.distributed_type == distributed_type
     assert config.num_machines == num_machines
     assert config.use_cpu is on_cpu
@@ -77,7 +89,7 @@ def test_config_is_minimal_and_commented(path):
 def test_launcher_accepts_config_and_picks_its_launcher(path):
     arguments = launch_command_parser().parse_args(["--config_file", str(path), "pretrain/run.py"])
     arguments, _, _ = _validate_launch_command(arguments)
-    distributed_type, _, _ = EXPECTED[path.name]
+    distributed_type, _, _ = intended(path)
     assert arguments.multi_gpu is (distributed_type == DistributedType.MULTI_GPU)
     assert arguments.use_fsdp is (distributed_type == DistributedType.FSDP)
     assert arguments.use_deepspeed is (distributed_type == DistributedType.DEEPSPEED)
