@@ -4,9 +4,10 @@
 as the download has them: YL2 numbers the areas within their domain, Y numbers all areas, and
 the names in Data.xlsx carry padding spaces. `python_reference_documents` labels real English
 paragraphs (the Python language reference, as in the demo corpus) by the topic of their page;
-`package_docstring_documents` labels the docstrings of installed packages by the field the
-package serves (a corpus for the probe's method: real prose, topical classes that share
-words, not separable by a keyword). `zip_folder` zips a layout as the download is zipped;
+`package_docstring_documents` labels the docstrings of modules of the pinned packages by the
+field they serve (a corpus for the probe's method: real prose, topical classes that share
+words, not separable by a keyword; the same documents wherever the pinned versions are
+installed). `zip_folder` zips a layout as the download is zipped;
 `write_bytes` writes one raw file.
 
     python tests/labelled_wos.py --output_dir runs/probe_corpus --documents_per_area 400
@@ -15,6 +16,7 @@ words, not separable by a keyword). `zip_folder` zips a layout as the download i
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import zipfile
 from dataclasses import dataclass, field
@@ -58,45 +60,83 @@ def python_reference_documents() -> list[tuple[str, str, str]]:
     return [(text, domain, area) for text, (domain, area) in documents.items()]
 
 
-# (domain, area) -> the packages whose docstrings it holds: fields that share much vocabulary
-# (arrays, parameters, returns), so a class is a topic, not a keyword.
+# (domain, area) -> the modules whose docstrings it holds: fields that share much vocabulary
+# (arrays, parameters, returns), so a class is a topic, not a keyword. Every module belongs to a
+# package that requirements.txt pins, so every machine gets the same documents.
 PACKAGE_DOCSTRING_AREAS = {
-    ("Mathematics", "symbolic algebra"): ("sympy.polys", "sympy.solvers"),
-    ("Mathematics", "graph theory"): ("networkx.algorithms",),
-    ("Scientific computing", "statistics"): ("scipy.stats",),
-    ("Scientific computing", "signal processing"): ("scipy.signal",),
     ("Machine learning", "neural networks"): ("torch.nn", "torch.optim"),
     ("Machine learning", "estimators"): (
         "sklearn.linear_model", "sklearn.ensemble", "sklearn.cluster", "sklearn.decomposition",
         "sklearn.neighbors", "sklearn.svm", "sklearn.tree",
     ),
-    ("Web", "servers"): ("werkzeug", "tornado"),
-    ("Web", "clients"): ("aiohttp", "httpx2", "httpcore2", "h11"),
+    ("Numerical computing", "arrays"): ("numpy._core", "numpy.ma"),
+    ("Numerical computing", "linear algebra and transforms"): (
+        "numpy.linalg", "numpy.polynomial", "numpy.fft", "torch.linalg", "torch.fft",
+    ),
+    ("Plotting", "figures and axes"): (
+        "matplotlib.axes", "matplotlib.figure", "matplotlib.pyplot", "mpl_toolkits.mplot3d",
+        "mpl_toolkits.axes_grid1", "mpl_toolkits.axisartist",
+    ),
+    ("Plotting", "artists"): (
+        "matplotlib.colors", "matplotlib.patches", "matplotlib.transforms", "matplotlib.ticker",
+        "matplotlib.text", "matplotlib.lines", "matplotlib.collections", "matplotlib.colorbar",
+        "matplotlib.legend", "matplotlib.image",
+    ),
+    ("Distributed training", "sharding"): (
+        "torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.checkpoint",
+    ),
+    ("Distributed training", "launching"): ("accelerate",),
 }  # fmt: skip
 # Abstract-like prose: a docstring of fewer words is a one-line summary.
 MIN_WORDS_PER_DOCSTRING = 20
+REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements.txt"
+
+
+def check_pinned_versions(modules: list[str]) -> None:
+    """Refuse to build from a package whose installed version is not the pinned one: its
+    docstrings, and so the corpus, would differ from every other machine's."""
+    pins = dict(
+        line.strip().lower().split("==") for line in REQUIREMENTS.read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )  # fmt: skip
+    distributions = importlib.metadata.packages_distributions()
+    for module in modules:
+        (name,) = distributions[module.split(".")[0]]
+        installed = importlib.metadata.version(name).split("+")[0]
+        if pins.get(name.lower()) != installed:
+            raise RuntimeError(
+                f"{name} {installed} is installed, requirements.txt pins {pins.get(name.lower())}: "
+                "install the pinned version for the probe's test corpus"
+            )
+
+
+def module_files(module: str) -> list[Path]:
+    """The source files of a module or package, sorted, without its tests."""
+    spec = importlib.util.find_spec(module)
+    if not spec.submodule_search_locations:
+        return [Path(spec.origin)]
+    root = Path(spec.origin).parent
+    # Docstrings of test cases are about testing, not the field.
+    return [path for path in sorted(root.rglob("*.py"))
+            if "tests" not in path.relative_to(root).parts]  # fmt: skip
 
 
 def package_docstring_documents(documents_per_area: int) -> list[tuple[str, str, str]]:
     """(docstring, domain, area) for PACKAGE_DOCSTRING_AREAS: each docstring's prose as the
     benchmark corpus cuts it, once, of at least MIN_WORDS_PER_DOCSTRING words, the first
-    `documents_per_area` of each area in the order of a hash of their text (the same whatever
-    order the files are read in)."""
+    `documents_per_area` of each area in the order of a hash of their text."""
     from bench.docstring_corpus import file_documents
 
+    check_pinned_versions([m for modules in PACKAGE_DOCSTRING_AREAS.values() for m in modules])
     seen: set[str] = set()
     documents = []
-    for (domain, area), packages in PACKAGE_DOCSTRING_AREAS.items():
+    for (domain, area), modules in PACKAGE_DOCSTRING_AREAS.items():
         texts = []
-        for package in packages:
-            root = Path(importlib.util.find_spec(package).submodule_search_locations[0])
-            for path in sorted(root.rglob("*.py")):
-                if "tests" in path.relative_to(root).parts:
-                    continue  # docstrings of test cases are about testing, not the field
-                for text in file_documents(str(path)):
-                    if text not in seen and len(text.split()) >= MIN_WORDS_PER_DOCSTRING:
-                        seen.add(text)
-                        texts.append(text)
+        for path in (path for module in modules for path in module_files(module)):
+            for text in file_documents(str(path)):
+                if text not in seen and len(text.split()) >= MIN_WORDS_PER_DOCSTRING:
+                    seen.add(text)
+                    texts.append(text)
         texts.sort(key=lambda text: hashlib.blake2b(text.encode()).digest())
         documents += [(text, domain, area) for text in texts[:documents_per_area]]
     return documents
