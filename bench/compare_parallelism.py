@@ -16,13 +16,12 @@ pretrain/run.py flags given after `--` (corpus, tokenizer, budget):
                                       process); every process sees the whole batch
 
 All run eagerly with transformers' loss, as our loop does, so the rows differ by their
-parallelism only; on GPUs Trainer trains in the accelerate config's precision (bf16) and our
-loop in fp32 (the table says which). Both loops read the blocks in the same seeded order and
-write the same run_summary.json, so every row's loss is compared with one reference, `single`
-(pretrain/run.py in one process; added when a strategy needs it). Per strategy the table
-gives the loss of the last step and its difference from the reference, the
-parameter and optimizer-state bytes and the peak memory of the process that holds the most,
-the step time (the first step, warm-up, left out) and tokens/s.
+parallelism only (on GPUs Trainer trains in bf16, our loop in fp32). Both loops read the blocks
+in the same seeded order and write the same run_summary.json, so every row's loss is compared
+with one reference, `single` (pretrain/run.py in one process). Per strategy the table gives
+the last step's loss and its difference from the reference, the parameter and optimizer-state
+bytes and the peak memory of the process that holds the most, the step time (the first step
+left out) and tokens/s.
 
 `--output_dir` receives a run folder and a log per strategy (`<strategy>/`,
 `<strategy>.log`), then `parallelism_comparison.md` (the table), `.png` and, last, `.json`. A

@@ -3,23 +3,17 @@
 A recipe is a YAML file in bench/recipes/: the optimiser settings that differ from
 pretrain/configs/gpt2_117m.yaml, their source in a comment. A row (`--recipes`) is a recipe's
 name, optionally followed by flags in the same argument (`"course_before --learning_rate
-5.0e-4"`); flags after `--` go to every run (the corpus; a batch with its token budget). Each
-run is one process of
+5.0e-4"`); flags after `--` go to every run (the corpus; a batch with its token budget). A run:
 
     pretrain/run.py --config pretrain/configs/gpt2_117m.yaml PROXY_FLAGS [flags after --]
         [the recipe's keys as flags] [the row's flags] --tokenizer_dir T --seed S --output_dir D
 
-PROXY_FLAGS shrink the course run to a CPU proxy (the `proxy` preset, 4 layers x 128; blocks
-of 64 tokens, 16 per step, the course's 184 steps; fp32, eager), so every row trains the same
-model on the same blocks for the same steps from the same seeds, and is judged by its
-validation loss on the same held-out blocks. With several `--tokenizer_dirs` the table also
-compares vocabularies: bytes per token, training FLOPs per token and per byte (of the proxy and
-of GPT-2 117M with that vocabulary), unigram entropy.
-
-Columns: the validation loss (nats per token) of each seed, their mean and spread (max - min),
-bits per byte, the largest rise of the logged training loss above its running minimum (a
-spike; the worst seed), then the settings the runs resolved. The table is also written to
-`<output_dir>/table.md`; a finished run whose log starts with the same flags is read back.
+PROXY_FLAGS shrink the course run to a CPU proxy, so every row trains the same model on the
+same blocks for the same steps from the same seeds, judged by its validation loss on the same
+held-out blocks. Columns: the loss of each seed, mean, spread, bits per byte, the largest rise
+of the logged loss above its running minimum (a spike), the settings the runs resolved; with
+several `--tokenizer_dirs`, vocabularies too (docs/BENCHMARKS.md). A finished run whose log
+starts with the same flags is read back. The table also goes to `<output_dir>/table.md`.
 
     python -m bench.compare_recipes --tokenizer_dirs runs/bench/tokenizer-8192 \\
         --recipes tiny nanogpt_small -- --corpus runs/bench/corpus/docstrings.txt
@@ -151,7 +145,6 @@ def train(run: Run, num_threads: int) -> dict | None:
         logger.error("%s failed: %s", run.output_dir, outcome.error)
         return None
     losses = load_run(run.output_dir).scalars.get(TRAIN_LOSS)
-    logger.info("%s: validation loss %.4f", run.output_dir, outcome.summary["eval_loss"])
     return {**outcome.summary, "loss_rise": largest_loss_rise(losses.values if losses else [])}
 
 

@@ -1,12 +1,10 @@
 """Write a corpus of real English prose, offline: the docstrings of installed Python packages.
 
-The speed benchmark needs ~12M tokens of natural text on a machine with no network and maybe
-no copy of Web of Science. The demo corpus (Python's language reference, ~50k tokens) would
-have to repeat ~250 times and a model would memorise it, so "loss < 7" would mean nothing.
-The documentation strings of the packages installed beside PyTorch (tens of MB of
-explanations of what functions do) are varied technical English, like the abstracts. Each
-docstring's prose paragraphs (code examples, parameter tables and short lines dropped) become
-one document, one per line, de-duplicated, in a fixed order (sorted files).
+The GPU benchmark needs ~12M tokens of natural text offline: the demo corpus (~50k tokens)
+would repeat ~250 times and be memorised. The docstrings of the packages installed beside
+PyTorch are tens of MB of varied technical English, like the abstracts. Each docstring's prose
+paragraphs (examples, parameter tables, short lines dropped) become one document per line,
+de-duplicated, in a fixed order (sorted files).
 
     python -m bench.docstring_corpus --output_dir runs/bench/corpus --max_megabytes 60
 """

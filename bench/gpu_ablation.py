@@ -4,21 +4,12 @@ its speed defaults, each a whole run (launch to summary: compile and checkpoints
     bash bench/gpu_12m.sh [--corpus data/WebOfScience.zip]  # installs wheels, then runs this
     bash bench/gpu_12m.sh --dry-run                         # every row on CPU, tiny model
 
-First the inputs, each kept in --output_dir and reused by a rerun: the corpus (the given one,
-else up to 60 MB of the installed packages' docstrings, real English: a fresh machine has no
-Web of Science copy), a byte-level BPE of 32,768 tokens trained on it, the packed blocks of
-exactly 12M training tokens (the corpus repeated if smaller). Then one pretrain/run.py process
-per row (ROWS: pretrain/configs/gpt2_117m.yaml with one change), in order, until
---time_limit_s is spent; a row still running then is stopped, and a rerun with the same
---output_dir reads the finished rows back and trains the rest. All rows share one compile
-cache folder, emptied before `main`: `main` compiles cold, `main_warm` repeats it warm, and
-every later row finds what earlier rows compiled.
-
-Columns, from each run_summary.json: whole-run seconds and their ratio to `main_warm`'s, the
-run's time budget by part (when the summary has one), checkpoint saves (number and seconds),
-compiles and recompiles, training-loop seconds, tokens/s and MFU of the loop, peak GPU memory
-of the tensors, final loss (mean of the last logged losses), optimizer steps.
-
+First the inputs, kept in --output_dir for a rerun: the corpus (else up to 60 MB of the
+installed packages' docstrings), a BPE of 32,768 tokens, the blocks of exactly 12M training
+tokens. Then one pretrain/run.py process per row of ROWS, in order, until --time_limit_s is
+spent (the row then running is stopped); a rerun reads the finished rows back and trains the
+rest. The rows share one compile cache, emptied before `main`: `main` compiles cold,
+`main_warm` warm. The table's columns come from each run_summary.json (docs/BENCHMARKS.md).
 With --dry_run every row is the tiny model on CPU (16,384 tokens, checkpoints every 2 steps,
 compiled rows with dynamo's `eager` backend): it checks every row and the table, not speed.
 """
@@ -230,7 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     prepare_blocks(parsed.corpus, parsed.data)
     inputs_seconds = time.monotonic() - started
     results = run_rows(args, commands, started + args.time_limit_s)
-    table = format_table(results)
     gpus = [gpu["name"] for gpu in hardware_description().get("gpus", [])]
     versions = ", ".join(f"{name} {version}" for name, version in library_versions().items())
     lines = [
@@ -238,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         f"corpus {' '.join(corpus)}; corpus, tokenizer and blocks made or found in "
         f"{inputs_seconds:.0f} s, {time.monotonic() - started:.0f} s in all",
         "",
-        table,
+        format_table(results),
     ]
     Path(args.output_dir, "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

@@ -5,12 +5,11 @@
 - "dataset": our `MnistDataset` (a uint8 tensor, normalised per digit) with a DataLoader;
 - "device": our `DeviceBatches` (one normalised tensor on the device, shuffled by index).
 
-Each is timed twice per epoch: reading the batches only (moved to the device), and training
-LeNet-5 on them (forward, backward, Adam step; no distortions). The digits are the embedded
-sample's 4,000 training digits, or the training split of the IDX files in --data_dir, written
-into a temporary torchvision layout so all pipelines read the same data. One warm-up epoch per
-pipeline, then the pipelines alternate --repeats times so that noise from other processes
-hits all of them; medians and ratios (torchvision = 1) are printed.
+Each is timed reading the batches only (moved to the device) and training LeNet-5 on them
+(forward, backward, Adam step; no distortions), on the embedded sample's 4,000 training digits
+or the IDX files in --data_dir (written into a torchvision layout: all read the same data).
+One warm-up epoch each, then the pipelines alternate --repeats times so that other processes'
+noise hits all of them; medians and ratios (torchvision = 1) are printed.
 
     python -m bench.mnist_epoch [--data_dir data/mnist] [--batch_size 32] [--repeats 5]
 """

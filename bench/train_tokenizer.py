@@ -3,16 +3,13 @@
     python -m bench.train_tokenizer                      # synthetic 60 MB corpus, 3 repeats
     python -m bench.train_tokenizer --corpus data/WebOfScience.zip
 
-Runs the real `train_tokenizer` path (reading pass, streaming BPE training, held-out stats,
-saving) several times and reports the best and median, because the machine is shared and
-single runs are noisy. Without `--corpus`, a corpus of the size and document length of
-WOS46985 (60 MB, ~1,270 bytes per abstract) is synthesised deterministically from the demo
-text: sentences recombined into abstracts, with invented compound words so that the number of
-distinct words is in the range estimated for real abstracts (~10^5, Heaps' law on ~9M words)
-rather than the demo's few thousand. It is not the real data: timings on the real download
-may differ. CPU seconds (all threads) are reported beside wall time: they are less disturbed
-by other jobs on the machine, and CPU seconds / 2 bounds the wall time on 2 idle cores from
-below.
+Runs the real `train_tokenizer` path (reading, streaming BPE training, held-out stats, saving)
+several times; best and median, because single runs on a shared machine are noisy. Without
+`--corpus`, a corpus of WOS46985's size and document length (60 MB, ~1,270 bytes per abstract)
+is synthesised deterministically from the demo text: sentences recombined into abstracts, with
+invented compound words so that the distinct words number ~10^5 as estimated for real
+abstracts (Heaps' law on ~9M words). CPU seconds (all threads), beside wall time, are less
+disturbed by other jobs; CPU seconds / 2 bounds the wall time on 2 idle cores from below.
 """
 
 from __future__ import annotations

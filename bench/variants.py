@@ -1,11 +1,7 @@
-"""Train one variant of a benchmark as a process of its own and read its run summary back.
-
-Shared by the benchmarks that train several variants side by side (recipes, gpu_ablation,
-compare_parallelism): each variant is its own process group (a launcher and its workers, stopped
-together), with its output in `<run_dir>.log`, a time limit, and the `run_summary.json` it wrote
-read back; a variant that fails gives one line saying why. With `read_back`, a finished variant
-whose log starts with the same command (interpreter and script aside: they may live elsewhere on
-a rerun) is read back instead of trained again, so an interrupted benchmark resumes.
+"""Train one variant of a benchmark as a process group of its own (a launcher and its workers,
+stopped together), its output in `<run_dir>.log`, with a time limit; read back the
+run_summary.json it wrote, or say in one line why there is none. With `read_back`, a finished
+variant whose log starts with the same flags is read back instead of trained again.
 """
 
 from __future__ import annotations
