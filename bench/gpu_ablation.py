@@ -42,9 +42,9 @@ ROWS: dict[str, list[str]] = {
     "main": [],  # the course run as shipped, compile cache cold
     "main_warm": [],  # the same, compile cache warm: the reference of every ratio
     "eager": ["--torch_compile", "false"],
-    "no_checkpoints": ["--save_strategy", "no"],
+    "checkpoints": ["--save_strategy", "steps", "--save_steps", "50"],  # the config saves none
     "loss_hf": ["--loss_implementation", "hf"],
-    "gelu_tanh": ["--activation_function", "gelu_pytorch_tanh"],  # GPT-2's: gelu_new
+    "gelu_new": ["--activation_function", "gelu_new"],  # GPT-2's code: several kernels
     "batch_128": ["--per_device_train_batch_size", "128"],
     "batch_32": ["--per_device_train_batch_size", "32"],
     "compile_full_model": ["--compile_regions", "false"],  # one graph for the whole model

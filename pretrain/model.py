@@ -39,8 +39,8 @@ PRESETS: dict[str, ModelPreset] = {
     "gpt2-117m": ModelPreset(n_layer=12, n_embd=768, n_head=12, n_positions=1024),
     # For tests and the CPU demo: a few seconds per hundred steps at block size 64.
     "tiny": ModelPreset(n_layer=2, n_embd=64, n_head=2, n_positions=256),
-    # The recipe benchmarks' stand-in for gpt2-117m on a CPU (bench/recipes.py): GPT-2's head
-    # size (64), a sixth of its width, a third of its depth; minutes per run.
+    # The recipe benchmarks' stand-in for gpt2-117m on a CPU (bench/compare_recipes.py):
+    # GPT-2's head size (64), a sixth of its width, a third of its depth; minutes per run.
     "proxy": ModelPreset(n_layer=4, n_embd=128, n_head=2, n_positions=256),
 }
 

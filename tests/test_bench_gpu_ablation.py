@@ -46,10 +46,10 @@ def test_dry_run_trains_whole_rows_tabulates_them_and_continues_after_the_time_l
 
     # No time left: the finished rows are read back as they were, the new one does not run.
     written = (output_dir / "runs" / "main" / GPT_SUMMARY_FILE).stat().st_mtime_ns
-    argv += ["no_checkpoints", "--time_limit_s", "0"]
+    argv += ["checkpoints", "--time_limit_s", "0"]
     assert gpu_ablation.main(argv) == 1
     assert (output_dir / "runs" / "main" / GPT_SUMMARY_FILE).stat().st_mtime_ns == written
     again = table_rows(output_dir)
     assert again["main"] == rows["main"] and again["eager"] == rows["eager"]
-    assert again["no_checkpoints"]["whole run s"].startswith("FAILED: not run: time limit")
-    assert not (output_dir / "runs" / "no_checkpoints").exists()
+    assert again["checkpoints"]["whole run s"].startswith("FAILED: not run: time limit")
+    assert not (output_dir / "runs" / "checkpoints").exists()

@@ -173,7 +173,6 @@ def read_help(parse, argv, capsys, monkeypatch):
 
 
 def pretrain_help_case():
-    from transformers import TrainingArguments
 
     from common.corpus import CorpusArguments
     from pretrain.args import ModelArguments, PretrainTrainingArguments, ReportArguments
