@@ -335,7 +335,7 @@ def test_course_config_is_the_documented_budget():
 @pytest.fixture(scope="module")
 def docstring_corpus(tmp_path_factory) -> Path:
     """Docstrings of installed packages in 4 fields (8 areas), 400 per area where there are as
-    many: 2,854 documents in the WoS layout, the pretraining corpus and the probe's."""
+    many: 2,803 documents in the WoS layout, the pretraining corpus and the probe's."""
     from labelled_wos import package_docstring_documents
 
     root = tmp_path_factory.mktemp("docstrings") / "WebOfScience"
