@@ -59,8 +59,9 @@ class ModelArguments:
     loss_implementation: str = field(
         default="hf",
         metadata={
+            "choices": list(LOSS_IMPLEMENTATIONS),
             "help": "'hf' (transformers' loss over all fp32 logits) or 'chunked' (the same, a "
-            "few thousand positions at a time: far less memory; pretrain/loss.py)."
+            "few thousand positions at a time: far less memory; pretrain/loss.py).",
         },
     )
     compile_regions: bool = field(
@@ -99,11 +100,6 @@ class ModelArguments:
         )
 
     def __post_init__(self) -> None:
-        if self.loss_implementation not in LOSS_IMPLEMENTATIONS:
-            raise InputError(
-                f"--loss_implementation {self.loss_implementation} is not one of "
-                f"{', '.join(LOSS_IMPLEMENTATIONS)}"
-            )
         if not 0.0 <= self.dropout < 1.0:
             raise InputError(f"--dropout {self.dropout} must be in [0, 1), e.g. 0.1")
         if self.activation_function not in ACT2FN:

@@ -13,12 +13,13 @@ from parallel_runs import (
     model_parallel_argv,
     trainer_reference,
 )
-from pretrain_runs import BLOCK_SIZE, read_summary, shared_data_paths
+from pretrain_runs import BLOCK_SIZE, TINY_CONFIG, read_summary, shared_data_paths
 from transformers import GPT2LMHeadModel
 
 from common.cli import InputError
 from common.run_contract import GRAD_NORM, TRAIN_LOSS
 from common.tokenization import load_tokenizer
+from pretrain.args import PretrainArguments
 from pretrain.metrics import parameter_bytes
 from pretrain.model import build_model_config
 from pretrain.parallel.pipeline import check_pipeline_arguments, stage_layers
@@ -102,8 +103,9 @@ def test_a_pipeline_that_cannot_train_like_one_process_is_refused(
 
 
 def test_an_unknown_schedule_is_refused():
-    with pytest.raises(InputError, match="--pipeline_schedule zero_bubble is not one of gpipe"):
-        ParallelArguments(strategy="pp", pipeline_schedule="zero_bubble")
+    argv = ["--config", str(TINY_CONFIG), "--strategy", "pp", "--pipeline_schedule", "zero_bubble"]
+    with pytest.raises(InputError, match="--pipeline-schedule: invalid choice: 'zero_bubble'"):
+        PretrainArguments.parse(argv, (ParallelArguments,))
 
 
 def test_more_stages_than_layers_are_refused():

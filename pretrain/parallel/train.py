@@ -93,16 +93,18 @@ class ParallelArguments:
     strategy: str = field(
         default="single",
         metadata={
+            "choices": list(LOOP_STRATEGIES),
             "help": "'single': one process; 'tp': tensor parallel, every layer's matrices split "
             "across the processes; 'pp': pipeline parallel, consecutive layers on each process, "
-            "microbatches flowing through them."
+            "microbatches flowing through them.",
         },
     )
     pipeline_schedule: str = field(
         default="1f1b",
         metadata={
+            "choices": list(PIPELINE_SCHEDULES),
             "help": "With --strategy pp: 'gpipe' (all forwards, then all backwards) or '1f1b' "
-            "(one forward, one backward in turn: fewer activations held)."
+            "(one forward, one backward in turn: fewer activations held).",
         },
     )
     num_microbatches: int = field(
@@ -112,17 +114,6 @@ class ParallelArguments:
             "--per_device_train_batch_size, and be at least the number of stages for 1f1b."
         },
     )
-
-    def __post_init__(self) -> None:
-        if self.strategy not in LOOP_STRATEGIES:
-            raise InputError(
-                f"--strategy {self.strategy} is not one of {', '.join(LOOP_STRATEGIES)}"
-            )
-        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
-            raise InputError(
-                f"--pipeline_schedule {self.pipeline_schedule} is not one of "
-                f"{', '.join(PIPELINE_SCHEDULES)}"
-            )
 
     @property
     def strategy_name(self) -> str:
