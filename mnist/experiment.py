@@ -4,25 +4,22 @@ run folder's contents (metrics.json, model.pt)."""
 from __future__ import annotations
 
 import dataclasses
-import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.seed import seed_everything
 from torch import nn
 
-from common.cli import InputError
-from common.files import write_json_atomic
+from common.cli import InputError, parse_args
+from common.files import atomic_dir, write_json_atomic
 from common.run_contract import MNIST_METRICS_FILE, MNIST_MODEL_FILE
 from common.system import hardware_description, library_versions
 from mnist.args import MnistArguments
-from mnist.data import DigitSplits
+from mnist.data import DigitSplits, load_digit_splits
 from mnist.metrics import Evaluation
-
-logger = logging.getLogger(__name__)
-
-# OneCycleLR's warm-up share of all steps (its default).
-ONECYCLE_WARMUP_FRACTION = 0.3
 
 
 def resolve_device(name: str) -> torch.device:
@@ -57,12 +54,9 @@ def build_lr_scheduler(
     optimizer: torch.optim.Optimizer, args: MnistArguments, total_steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler:
     """Stepped once per optimizer step."""
-    if args.lr_schedule == "onecycle":
+    if args.lr_schedule == "onecycle":  # warm-up over OneCycleLR's default 30% of the steps
         return torch.optim.lr_scheduler.OneCycleLR(
-            optimizer,
-            max_lr=args.learning_rate,
-            total_steps=total_steps,
-            pct_start=ONECYCLE_WARMUP_FRACTION,
+            optimizer, max_lr=args.learning_rate, total_steps=total_steps
         )
     return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
 
@@ -86,37 +80,56 @@ def epoch_record(
     }
 
 
-def write_run_results(
-    output_dir: Path,
-    *,
-    trainer: str,
-    args: MnistArguments,
-    model: nn.Module,
-    test: Evaluation,
-    history: list[dict[str, Any]],
-    train_seconds: float,
-    splits: DigitSplits,
-    device: torch.device,
-) -> dict[str, Any]:
-    """Save the model's weights and metrics.json (atomically); return the metrics."""
-    torch.save(model.state_dict(), output_dir / MNIST_MODEL_FILE)
-    metrics = {
-        "trainer": trainer,
-        "test_accuracy": test.accuracy,
-        "test_loss": test.loss,
-        "confusion_matrix": test.confusion_matrix.long().tolist(),
-        "epochs": len(history),
-        "train_seconds": round(train_seconds, 3),
-        **splits.sizes,
-        "data_source": splits.source,
-        "device": str(device),
-        "history": history,
-        "hardware": hardware_description(),
-        "versions": library_versions(),
-        "config": dataclasses.asdict(args),
-    }
-    write_json_atomic(output_dir / MNIST_METRICS_FILE, metrics)
+@dataclass
+class TrainedModel:
+    """What a trainer hands back to be written into the run folder."""
+
+    model: nn.Module
+    test: Evaluation
+    history: list[dict[str, Any]]  # epoch_record of each epoch
+    train_seconds: float
+
+
+# A trainer: trains on the splits on the device, logging into the run folder.
+Fit = Callable[[MnistArguments, DigitSplits, torch.device, Path], TrainedModel]
+
+
+def run_training(args: MnistArguments, trainer: str, fit: Fit) -> dict[str, Any]:
+    """Load the digits, train with `fit` into a new run folder, save the model's weights and
+    metrics.json there (the folder appears whole or not at all); return the metrics."""
+    device = resolve_device(args.device)
+    splits = load_digit_splits(args)  # bad input fails here, before anything is written
+    with atomic_dir(default_output_dir(args, trainer), overwrite=args.overwrite) as run_dir:
+        seed_everything(args.seed, verbose=False)
+        trained = fit(args, splits, device, run_dir)
+        torch.save(trained.model.state_dict(), run_dir / MNIST_MODEL_FILE)
+        metrics = {
+            "trainer": trainer,
+            "test_accuracy": trained.test.accuracy,
+            "test_loss": trained.test.loss,
+            "confusion_matrix": trained.test.confusion_matrix.long().tolist(),
+            "epochs": len(trained.history),
+            "train_seconds": round(trained.train_seconds, 3),
+            **splits.sizes,
+            "data_source": splits.source,
+            "device": str(device),
+            "history": trained.history,
+            "hardware": hardware_description(),
+            "versions": library_versions(),
+            "config": dataclasses.asdict(args),
+        }
+        write_json_atomic(run_dir / MNIST_METRICS_FILE, metrics)
     return metrics
+
+
+def trainer_main(
+    argv: list[str] | None, trainer: str, fit: Fit, description: str, prog: str
+) -> int:
+    """The command line of one trainer: parse, train, print the result line."""
+    (args,) = parse_args([MnistArguments], argv, description=description, prog=prog)
+    metrics = run_training(args, trainer, fit)
+    print(result_line(metrics, default_output_dir(args, trainer)))
+    return 0
 
 
 def result_line(metrics: dict[str, Any], output_dir: Path) -> str:

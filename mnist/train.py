@@ -8,20 +8,17 @@ Writes <output_dir>/metrics.json, model.pt and TensorBoard logs (tensorboard/).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.seed import seed_everything
 from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
-from common.cli import entry_point, parse_args
-from common.files import atomic_dir
+from common.cli import entry_point
 from common.run_contract import (
     EPOCH_TRAIN_ACC,
     EPOCH_TRAIN_LOSS,
@@ -36,21 +33,17 @@ from common.run_contract import (
 )
 from mnist import viz
 from mnist.args import MnistArguments
-from mnist.data import distort_images, load_digit_splits, make_batches
+from mnist.data import DigitSplits, distort_images, make_batches
 from mnist.experiment import (
+    TrainedModel,
     build_lr_scheduler,
     build_optimizer,
     count_training_steps,
-    default_output_dir,
     epoch_record,
-    resolve_device,
-    result_line,
-    write_run_results,
+    trainer_main,
 )
 from mnist.metrics import DigitMetrics, Evaluation
 from mnist.model import LeNet5
-
-logger = logging.getLogger(__name__)
 
 TRAINER = "pytorch"
 Batches = Iterable[tuple[Tensor, Tensor]]
@@ -114,105 +107,90 @@ def evaluate(model: nn.Module, batches: Batches, device: torch.device) -> Evalua
     return metrics.compute()
 
 
-def train(args: MnistArguments) -> dict[str, Any]:
-    """Train, evaluate on the test split, write the run folder; return metrics.json's content."""
-    device = resolve_device(args.device)
-    splits = load_digit_splits(args)  # bad input fails here, before anything is written
-    with atomic_dir(default_output_dir(args, TRAINER), overwrite=args.overwrite) as run_dir:
-        seed_everything(args.seed, verbose=False)
-        model = LeNet5().to(device)
-        train_batches = make_batches(splits.train_images, splits.train_labels, args, True, device)
-        val_batches = make_batches(splits.val_images, splits.val_labels, args, False, device)
-        test_batches = make_batches(splits.test_images, splits.test_labels, args, False, device)
-        total_steps = count_training_steps(args, len(train_batches))
-        optimizer = build_optimizer(model, args)
-        scheduler = build_lr_scheduler(optimizer, args, total_steps)
-        generator = torch.Generator(device).manual_seed(args.seed) if args.distort else None
-        probe_images = viz.select_probe_images(splits.test_images, splits.test_labels, device)
+def fit(
+    args: MnistArguments, splits: DigitSplits, device: torch.device, run_dir: Path
+) -> TrainedModel:
+    """Train with the plain loop, logging to TensorBoard in `run_dir`; evaluate on the test set."""
+    model = LeNet5().to(device)
+    train_batches = make_batches(splits.train_images, splits.train_labels, args, True, device)
+    val_batches = make_batches(splits.val_images, splits.val_labels, args, False, device)
+    test_batches = make_batches(splits.test_images, splits.test_labels, args, False, device)
+    total_steps = count_training_steps(args, len(train_batches))
+    optimizer = build_optimizer(model, args)
+    scheduler = build_lr_scheduler(optimizer, args, total_steps)
+    generator = torch.Generator(device).manual_seed(args.seed) if args.distort else None
+    probe_images = viz.select_probe_images(splits.test_images, splits.test_labels, device)
 
-        writer = SummaryWriter(run_dir / TENSORBOARD_DIR)
-        viz.log_model_graph(writer, model, probe_images)
-        viz.log_layers(writer, model, probe_images, step=0)
-        global_step = 0
+    writer = SummaryWriter(run_dir / TENSORBOARD_DIR)
+    viz.log_model_graph(writer, model, probe_images)
+    viz.log_layers(writer, model, probe_images, step=0)
+    global_step = 0
 
-        def log_step(loss: Tensor, accuracy: Tensor, learning_rate: float) -> None:
-            nonlocal global_step
-            global_step += 1
-            if global_step % args.log_every_n_steps == 0:
-                writer.add_scalar(TRAIN_LOSS, loss.item(), global_step)
-                writer.add_scalar(TRAIN_ACC, accuracy.item(), global_step)
-                writer.add_scalar(LEARNING_RATE, learning_rate, global_step)
+    def log_step(loss: Tensor, accuracy: Tensor, learning_rate: float) -> None:
+        nonlocal global_step
+        global_step += 1
+        if global_step % args.log_every_n_steps == 0:
+            writer.add_scalar(TRAIN_LOSS, loss.item(), global_step)
+            writer.add_scalar(TRAIN_ACC, accuracy.item(), global_step)
+            writer.add_scalar(LEARNING_RATE, learning_rate, global_step)
 
-        history = []
-        start = time.perf_counter()
-        epochs = tqdm(range(1, args.epochs + 1), desc="epochs")
-        for epoch in epochs:
-            epoch_start = time.perf_counter()
-            learning_rate = optimizer.param_groups[0]["lr"]
-            train_epoch = train_one_epoch(
-                model,
-                train_batches,
-                optimizer,
-                scheduler,
-                device,
-                generator=generator,
-                on_step=log_step,
-                max_batches=total_steps - global_step,
-            )
-            writer.add_scalar(EPOCH_TRAIN_LOSS, train_epoch.loss, global_step)
-            writer.add_scalar(EPOCH_TRAIN_ACC, train_epoch.accuracy, global_step)
-            val = evaluate(model, val_batches, device) if len(splits.val_labels) else None
-            if val is not None:
-                writer.add_scalar(VAL_LOSS, val.loss, global_step)
-                writer.add_scalar(VAL_ACC, val.accuracy, global_step)
-            viz.log_layers(writer, model, probe_images, global_step)
-            history.append(
-                epoch_record(
-                    epoch,
-                    train_epoch,
-                    val,
-                    learning_rate,
-                    time.perf_counter() - epoch_start,
-                )
-            )
-            epochs.set_postfix(
-                loss=f"{train_epoch.loss:.3f}", val_acc=f"{val.accuracy:.3f}" if val else "-"
-            )
-            if global_step >= total_steps:
-                break
-        train_seconds = time.perf_counter() - start
-
-        viz.log_embedding(
-            writer,
+    history = []
+    start = time.perf_counter()
+    epochs = tqdm(range(1, args.epochs + 1), desc="epochs")
+    for epoch in epochs:
+        epoch_start = time.perf_counter()
+        learning_rate = optimizer.param_groups[0]["lr"]
+        train_epoch = train_one_epoch(
             model,
-            splits.test_images,
-            splits.test_labels,
-            args.num_projector_digits,
-            global_step,
+            train_batches,
+            optimizer,
+            scheduler,
+            device,
+            generator=generator,
+            on_step=log_step,
+            max_batches=total_steps - global_step,
         )
-        test = evaluate(model, test_batches, device)
-        writer.add_scalar(TEST_LOSS, test.loss, global_step)
-        writer.add_scalar(TEST_ACC, test.accuracy, global_step)
-        writer.close()
-        return write_run_results(
-            run_dir,
-            trainer=TRAINER,
-            args=args,
-            model=model,
-            test=test,
-            history=history,
-            train_seconds=train_seconds,
-            splits=splits,
-            device=device,
+        writer.add_scalar(EPOCH_TRAIN_LOSS, train_epoch.loss, global_step)
+        writer.add_scalar(EPOCH_TRAIN_ACC, train_epoch.accuracy, global_step)
+        val = evaluate(model, val_batches, device) if len(splits.val_labels) else None
+        if val is not None:
+            writer.add_scalar(VAL_LOSS, val.loss, global_step)
+            writer.add_scalar(VAL_ACC, val.accuracy, global_step)
+        viz.log_layers(writer, model, probe_images, global_step)
+        history.append(
+            epoch_record(
+                epoch,
+                train_epoch,
+                val,
+                learning_rate,
+                time.perf_counter() - epoch_start,
+            )
         )
+        epochs.set_postfix(
+            loss=f"{train_epoch.loss:.3f}", val_acc=f"{val.accuracy:.3f}" if val else "-"
+        )
+        if global_step >= total_steps:
+            break
+    train_seconds = time.perf_counter() - start
+
+    viz.log_embedding(
+        writer,
+        model,
+        splits.test_images,
+        splits.test_labels,
+        args.num_projector_digits,
+        global_step,
+    )
+    test = evaluate(model, test_batches, device)
+    writer.add_scalar(TEST_LOSS, test.loss, global_step)
+    writer.add_scalar(TEST_ACC, test.accuracy, global_step)
+    writer.close()
+    return TrainedModel(model, test, history, train_seconds)
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    (args,) = parse_args([MnistArguments], argv, description=__doc__, prog="train-mnist")
-    metrics = train(args)
-    print(result_line(metrics, default_output_dir(args, TRAINER)))
-    return 0
+    return trainer_main(argv, TRAINER, fit, __doc__, "train-mnist")
 
 
 if __name__ == "__main__":

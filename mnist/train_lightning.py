@@ -17,19 +17,18 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.seed import seed_everything
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning_utilities.core import rank_zero as lightning_rank_zero
 from torch import Tensor
 
-from common.cli import entry_point, parse_args
-from common.files import atomic_dir
+from common.cli import entry_point
 from common.run_contract import (
     EPOCH_TRAIN_ACC,
     EPOCH_TRAIN_LOSS,
@@ -44,65 +43,42 @@ from common.run_contract import (
 )
 from mnist import viz
 from mnist.args import MnistArguments
-from mnist.data import (
-    DigitSplits,
-    distort_images,
-    load_digit_splits,
-    locate_idx_files,
-    make_batches,
-    resolve_data_source,
-)
+from mnist.data import DigitSplits, distort_images, make_batches
 from mnist.experiment import (
+    TrainedModel,
     build_lr_scheduler,
     build_optimizer,
-    default_output_dir,
     epoch_record,
-    resolve_device,
-    result_line,
-    write_run_results,
+    trainer_main,
 )
 from mnist.metrics import DigitMetrics, Evaluation
 from mnist.model import LeNet5
-
-logger = logging.getLogger(__name__)
 
 TRAINER = "lightning"
 
 
 class MnistDataModule(L.LightningDataModule):
-    """Digits from the embedded sample or IDX files, as DataLoaders or DeviceBatches."""
+    """The digits (loaded before Lightning starts, so that bad input fails before anything is
+    written), as DataLoaders or DeviceBatches on the trainer's device."""
 
-    def __init__(self, args: MnistArguments) -> None:
+    def __init__(self, args: MnistArguments, splits: DigitSplits) -> None:
         super().__init__()
         self.args = args
-        self.splits: DigitSplits | None = None
+        self.splits = splits
 
-    def prepare_data(self) -> None:
-        # Runs once per machine: the place to download (finding the files is cheap).
-        if resolve_data_source(self.args) == "idx":
-            locate_idx_files(self.args)
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.splits is None:
-            self.splits = load_digit_splits(self.args)
-
-    def _device(self) -> torch.device:
-        return self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
+    def _batches(self, split: str, training: bool):
+        images = getattr(self.splits, f"{split}_images")
+        labels = getattr(self.splits, f"{split}_labels")
+        return make_batches(images, labels, self.args, training, self.trainer.strategy.root_device)
 
     def train_dataloader(self):
-        return make_batches(
-            self.splits.train_images, self.splits.train_labels, self.args, True, self._device()
-        )
+        return self._batches("train", True)
 
     def val_dataloader(self):
-        return make_batches(
-            self.splits.val_images, self.splits.val_labels, self.args, False, self._device()
-        )
+        return self._batches("val", False)
 
     def test_dataloader(self):
-        return make_batches(
-            self.splits.test_images, self.splits.test_labels, self.args, False, self._device()
-        )
+        return self._batches("test", False)
 
 
 class LeNet5Module(L.LightningModule):
@@ -240,13 +216,6 @@ class LayerViews(L.Callback):
         )
 
 
-def lightning_device(device: torch.device) -> tuple[str, list[int] | int]:
-    """Trainer(accelerator=..., devices=...) for one torch device."""
-    if device.type == "cuda":
-        return "gpu", [device.index or 0]
-    return device.type, 1
-
-
 @contextmanager
 def quiet_lightning() -> Iterator[None]:
     """Silence, for one run only, the lines Lightning prints that do not apply to it."""
@@ -269,24 +238,17 @@ def quiet_lightning() -> Iterator[None]:
             info_logger.setLevel(level)
 
 
-def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
-    """Train, evaluate on the test split, write the run folder; return metrics.json's content."""
-    device = resolve_device(args.device)
-    datamodule = MnistDataModule(args)
-    # Bad input fails here, before Lightning starts or anything is written.
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    with (
-        quiet_lightning(),
-        atomic_dir(default_output_dir(args, TRAINER), overwrite=args.overwrite) as run_dir,
-    ):
-        seed_everything(args.seed, verbose=False)
+def fit(
+    args: MnistArguments, splits: DigitSplits, device: torch.device, run_dir: Path
+) -> TrainedModel:
+    """Train with Lightning, logging to TensorBoard in `run_dir`; evaluate on the test set."""
+    datamodule = MnistDataModule(args, splits)
+    with quiet_lightning():
         module = LeNet5Module(args)
         history = EpochHistory()
-        accelerator, devices = lightning_device(device)
         trainer = L.Trainer(
-            accelerator=accelerator,
-            devices=devices,
+            accelerator=device.type,
+            devices=[device.index or 0] if device.type == "cuda" else 1,
             max_epochs=args.epochs,
             max_steps=args.max_steps,
             logger=TensorBoardLogger(
@@ -297,31 +259,18 @@ def train_with_lightning(args: MnistArguments) -> dict[str, Any]:
             # The run folder gets model.pt at the end; per-epoch checkpoints would be noise.
             enable_checkpointing=False,
             num_sanity_val_steps=0,
-            limit_val_batches=None if len(datamodule.splits.val_labels) else 0,
+            limit_val_batches=None if len(splits.val_labels) else 0,
         )
         start = time.perf_counter()
         trainer.fit(module, datamodule=datamodule)
         train_seconds = time.perf_counter() - start
         trainer.test(module, datamodule=datamodule, verbose=False)
-        return write_run_results(
-            run_dir,
-            trainer=TRAINER,
-            args=args,
-            model=module.model,
-            test=module.test_evaluation,
-            history=history.history,
-            train_seconds=train_seconds,
-            splits=datamodule.splits,
-            device=device,
-        )
+    return TrainedModel(module.model, module.test_evaluation, history.history, train_seconds)
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    (args,) = parse_args([MnistArguments], argv, description=__doc__, prog="train-mnist-lightning")
-    metrics = train_with_lightning(args)
-    print(result_line(metrics, default_output_dir(args, TRAINER)))
-    return 0
+    return trainer_main(argv, TRAINER, fit, __doc__, "train-mnist-lightning")
 
 
 if __name__ == "__main__":
