@@ -143,8 +143,11 @@ def idx_file_names(role: str) -> list[str]:
     return [base + suffix for base in bases for suffix in ("", ".gz")]
 
 
-def idx_search_dirs(data_dir: Path) -> list[Path]:
-    """Folders looked in: the folder itself, torchvision's MNIST/raw/ below it, and raw/."""
+def idx_search_dirs(args: MnistArguments) -> list[Path]:
+    """Folders looked in: --data_dir itself, torchvision's MNIST/raw/ below it, and raw/."""
+    if args.data_dir is None:
+        return []
+    data_dir = Path(args.data_dir)
     return [data_dir, data_dir / "MNIST" / "raw", data_dir / "raw"]
 
 
@@ -160,13 +163,7 @@ def find_idx_files(args: MnistArguments) -> tuple[dict[str, Path], list[str]]:
             found[role] = Path(explicit)
             continue
         candidates = (
-            [
-                folder / name
-                for folder in idx_search_dirs(Path(args.data_dir))
-                for name in idx_file_names(role)
-            ]
-            if args.data_dir is not None
-            else []
+            folder / name for folder in idx_search_dirs(args) for name in idx_file_names(role)
         )
         match = next((path for path in candidates if path.is_file()), None)
         if match is None:
@@ -206,11 +203,7 @@ def locate_idx_files(args: MnistArguments) -> dict[str, Path]:
         found, missing = find_idx_files(args)
     if missing:
         names = ", ".join(idx_file_names(role)[0] + "[.gz]" for role in missing)
-        where = (
-            ", ".join(str(folder) for folder in idx_search_dirs(Path(args.data_dir)))
-            if args.data_dir is not None
-            else "nowhere (no --data_dir given)"
-        )
+        where = ", ".join(map(str, idx_search_dirs(args))) or "nowhere (no --data_dir given)"
         raise InputError(
             f"MNIST IDX files not found: {names}; looked in {where}; pass --data_dir with the "
             "four files (or --train_images etc.), add --download to fetch them (needs "
