@@ -24,7 +24,7 @@ import logging
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, get_type_hints
 
@@ -143,8 +143,7 @@ def _command_line_parser_class() -> type[HfArgumentParser]:
     from transformers import HfArgumentParser
 
     class CommandLineParser(HfArgumentParser):
-        def __init__(self, dataclass_types, brief_help_fields=(), **kwargs) -> None:
-            self.brief_help_fields = brief_help_fields
+        def __init__(self, dataclass_types, **kwargs) -> None:
             self.full_help: dict[argparse.Action, str] = {}  # of the options --help leaves out
             super().__init__(dataclass_types, formatter_class=HelpFormatter, **kwargs)
             if self.full_help:
@@ -159,7 +158,7 @@ def _command_line_parser_class() -> type[HfArgumentParser]:
                 if not cls.__module__.startswith("transformers")
                 for name in vars(cls).get("__annotations__", {})
             }
-            listed = {*self.brief_help_fields, *getattr(dtype, "brief_help_fields", ())}
+            listed = getattr(dtype, "brief_help_fields", ())
             group = self.add_argument_group(dtype.__name__)
             type_hints, named = get_type_hints(dtype), []
             for field in (field for field in dataclasses.fields(dtype) if field.init):
@@ -252,17 +251,14 @@ def parse_args(
     argv: list[str] | None = None,
     description: str | None = None,
     prog: str | None = None,
-    brief_help_fields: Collection[str] = (),
 ) -> tuple[Any, ...]:
     """Parse `argv` into one instance per dataclass; `--config FILE` sets defaults first.
 
     Unknown keys in the config file are an error (with a close match suggested), as are
     unknown flags on the command line. Pass the module docstring as `description`: its
-    example commands keep their lines in `--help` (`brief_help_fields`: see the module's doc).
+    example commands keep their lines in `--help`.
     """
-    parser = command_line_parser(
-        dataclass_types, description=description, prog=prog, brief_help_fields=brief_help_fields
-    )
+    parser = command_line_parser(dataclass_types, description=description, prog=prog)
     parser.add_argument(
         "--config",
         default=None,
