@@ -33,8 +33,6 @@ import yaml
 if TYPE_CHECKING:
     from transformers import HfArgumentParser
 
-logger = logging.getLogger(__name__)
-
 EXIT_BAD_INPUT = 2
 # A run that started from good input but did not produce its result: it diverged, or the disk
 # filled up while saving. Distinct from a crash (1) and from bad input (2), so that a job script

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple
 
+from torch import cuda
 from transformers import TrainingArguments
 from transformers.trainer_utils import SaveStrategy
 
@@ -188,14 +189,8 @@ class ProbeTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         self.keeps_trainer_files = self.output_dir is not None
         if self.bf16 is None:
-            self.bf16 = not self.use_cpu and gpu_supports_bf16()
+            self.bf16 = not self.use_cpu and cuda.is_available() and cuda.is_bf16_supported()
         super().__post_init__()
-
-
-def gpu_supports_bf16() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
 class ProbeCommand(NamedTuple):

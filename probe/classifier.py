@@ -1,28 +1,20 @@
 """GPT-2 as a document classifier, fine-tuned from its linear probe with transformers' Trainer.
 
 The classifier reads the pooled final hidden state of a document (probe/features.py),
-standardises it with the training split's mean and spread, and applies a linear head. The
-head starts where the linear probe ended: the logistic regression fitted on the same network's
-frozen, standardised features (probe/baselines.py). Fine-tuning then trains the whole network
-from there ("linear probing, then fine-tuning": Kumar et al., ICLR 2022), so it starts from
-what the representation already tells apart rather than from a random head, and a network
-whose features are better starts ahead.
+standardised with the training split's mean and spread, through a linear head that starts
+where the linear probe ended ("linear probing, then fine-tuning": Kumar et al., ICLR 2022), so
+that a network whose features are better starts ahead.
 
 Each weight tensor's step size is the learning rate times the tensor's root-mean-square at the
-start (the idea of Adafactor's `scale_parameter` and of LAMB's trust ratio, which use the
-current size), with AdamW's update direction. Behind LayerNorm a network computes the same
-function when a weight tensor is scaled, so what an update changes is its size relative to the
-tensor. Random GPT-2 weights are drawn with a spread of 0.02, pretrained ones grow several
-times larger (token embeddings 7x in the measured tiny run); a step of the same absolute size
-would rewrite the random network several times faster than the pretrained one, and at a
-budget too short to converge the comparison would measure that speed, not what pretraining
-taught. Both networks
-get the same procedure, budget and order of batches; only the starting weights differ.
+start (the idea of Adafactor's `scale_parameter` and LAMB's trust ratio), with AdamW's update
+direction. Behind LayerNorm what an update changes is a tensor's size relative to itself, and
+pretrained weights grow several times larger than random ones: a step of the same absolute
+size would rewrite the random network faster than the pretrained one, and a short budget would
+measure that speed, not what pretraining taught (docs/PROBE.md has the measurements).
 """
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import time
 from dataclasses import dataclass
@@ -37,8 +29,6 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 
 from probe.args import ProbeTrainingArguments
 from probe.features import pool_hidden_states
-
-logger = logging.getLogger(__name__)
 
 
 class PooledClassifier(nn.Module):

@@ -15,6 +15,7 @@ from typing import Literal, get_args
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import GPT2Model
 
 # mean: the average over the document's tokens, end-of-text left out; last_token: the last
@@ -42,17 +43,6 @@ def pool_hidden_states(
     return (hidden * text[..., None]).sum(dim=1) / text.sum(dim=1, keepdim=True)
 
 
-def padded_batch(rows: list[np.ndarray], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """`input_ids` and `attention_mask` of token-id rows, padded on the right."""
-    width = max(len(row) for row in rows)
-    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for index, row in enumerate(rows):
-        input_ids[index, : len(row)] = torch.as_tensor(row, dtype=torch.long)
-        attention_mask[index, : len(row)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
-
-
 @torch.inference_mode()
 def document_features(
     transformer: GPT2Model,
@@ -68,11 +58,10 @@ def document_features(
     features = np.empty((len(encoded), transformer.config.n_embd), dtype=np.float32)
     for start in range(0, len(order), FEATURE_BATCH_SIZE):
         chosen = order[start : start + FEATURE_BATCH_SIZE]
-        batch = {
-            name: tensor.to(device)
-            for name, tensor in padded_batch([encoded[i] for i in chosen], pad_token_id).items()
-        }
-        hidden = transformer(**batch).last_hidden_state
-        pooled = pool_hidden_states(hidden, batch["attention_mask"], pooling)
+        rows = [torch.as_tensor(encoded[i], dtype=torch.long, device=device) for i in chosen]
+        input_ids = pad_sequence(rows, batch_first=True, padding_value=pad_token_id)
+        attention_mask = pad_sequence([torch.ones_like(row) for row in rows], batch_first=True)
+        hidden = transformer(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        pooled = pool_hidden_states(hidden, attention_mask, pooling)
         features[chosen] = pooled.float().cpu().numpy()
     return features

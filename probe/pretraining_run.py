@@ -10,7 +10,6 @@ weights that pretraining then trained.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from common.cli import InputError
 from common.files import sealed_folder_damage
 from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE, read_gpt_summary
-
-logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 
