@@ -118,15 +118,13 @@ def load_sample_digits() -> tuple[np.ndarray, np.ndarray]:
     return rows[:, :-1].reshape(-1, IMAGE_SIZE, IMAGE_SIZE), rows[:, -1].copy()
 
 
-def split_per_class(
-    labels: np.ndarray, held_out_fraction: float, seed: int = SPLIT_SEED
-) -> tuple[np.ndarray, np.ndarray]:
+def split_per_class(labels: np.ndarray, held_out_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """Indices (kept, held out), holding out the same share of every class.
 
     Per class, because the sample is sorted by label: a first/last cut would leave whole
     digits out of one side.
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(SPLIT_SEED)
     kept, held = [], []
     for digit in range(NUM_CLASSES):
         indices = rng.permutation(np.flatnonzero(labels == digit))

@@ -36,9 +36,10 @@ FILTER_ZOOM = 4
 FEATURE_MAP_SIZE = 28
 
 
-def select_probe_digits(labels: Tensor) -> Tensor:
-    """Indices of the first digit of each class present: the fixed digits whose feature maps
-    we show. A test set may lack some digits; they get no row, and the log says so."""
+def select_probe_images(images: Tensor, labels: Tensor, device: torch.device) -> Tensor:
+    """The first digit of each class present in uint8 `images` (N, 28, 28), normalised
+    (P, 1, 28, 28) on `device`: the fixed digits whose feature maps we show. A test set may
+    lack some digits; they get no row, and the log says so."""
     present = labels.unique().tolist()
     absent = sorted(set(range(NUM_CLASSES)) - set(present))
     if absent:
@@ -47,12 +48,8 @@ def select_probe_digits(labels: Tensor) -> Tensor:
             ", ".join(map(str, absent)),
             ", ".join(map(str, present)),
         )
-    return torch.stack([torch.nonzero(labels == digit)[0, 0] for digit in present])
-
-
-def select_probe_images(images: Tensor, labels: Tensor, device: torch.device) -> Tensor:
-    """The probe digits of uint8 `images` (N, 28, 28), normalised (P, 1, 28, 28) on `device`."""
-    return normalize_images(images[select_probe_digits(labels)]).to(device)
+    chosen = torch.stack([torch.nonzero(labels == digit)[0, 0] for digit in present])
+    return normalize_images(images[chosen]).to(device)
 
 
 def select_projector_digits(num_digits: int, count: int) -> Tensor:
