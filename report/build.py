@@ -41,8 +41,6 @@ def write_report(
     chromium: str | None = None,
 ) -> Path:
     """Read the runs, write figures and report.md into `out_dir`; return the report's path."""
-    if not run_dirs:
-        raise InputError("no run folder given; pass one or more run folders")
     if tensorboard_screenshot:
         chromium = find_chromium(chromium)
     out_dir = Path(out_dir)
