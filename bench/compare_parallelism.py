@@ -425,16 +425,14 @@ def draw_comparison(rows: list[ComparisonRow], path: Path) -> None:
     axes[0].bar(positions, parameters, label="parameters")
     axes[0].bar(positions, values("optimizer_state_bytes", mib), bottom=parameters,
                 label="optimizer state")  # fmt: skip
-    axes[0].set_title("parameters + optimizer state per process")
-    axes[0].set_ylabel("MiB (largest process)")
+    axes[0].set(title="parameters + optimizer state per process", ylabel="MiB (largest process)")
     axes[0].legend()
     sources = {row.peak_memory_source for row in rows if row.peak_memory_source}
     axes[1].bar(positions, values("peak_memory_bytes", mib), color="tab:red")
     axes[1].set_title(f"peak memory per process ({', '.join(sorted(sources)) or 'none'})")
     axes[1].set_ylabel("MiB (largest process)")
     axes[2].bar(positions, values("tokens_per_second"), color="tab:green")
-    axes[2].set_title("training speed (first step left out)")
-    axes[2].set_ylabel("tokens/s")
+    axes[2].set(title="training speed (first step left out)", ylabel="tokens/s")
     for axis in axes:
         axis.set_xticks(list(positions), names, rotation=40, ha="right")
         for position, row in zip(positions, rows, strict=True):
