@@ -8,8 +8,9 @@ Ours is transformers' `GPT2LMHeadModel` as pretrain/model.py builds it, once per
 same function in one); nanoGPT's is its `model.py` (github.com/karpathy/nanoGPT, not a
 dependency: pass the file) with the same shape, vocabulary, biases and tied embedding. Each
 measurement is a fresh process (one thread, eager fp32, AdamW, the same random token ids) that
-times `--steps` steps after one warm-up step; the sides alternate in each of `--pairs` rounds,
-and the ratio ours / nanoGPT is taken within a round, because the machine is shared.
+takes the CPU seconds of `--steps` steps after one warm-up step (other jobs on a shared machine
+barely move them); the sides alternate in each of `--pairs` rounds, and the ratio ours /
+nanoGPT is taken within a round.
 `--profile` prints the operators that take the most time in one step of each side.
 """
 
@@ -91,10 +92,12 @@ def seconds_per_step(args: ModelStepArguments, side: str) -> float:
         with torch.profiler.profile() as profile:
             step()
         print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
-    started = time.perf_counter()
+    started = (
+        time.process_time()
+    )  # CPU seconds of this one-thread process: other jobs barely move it
     for _ in range(args.steps):
         step()
-    return (time.perf_counter() - started) / args.steps
+    return (time.process_time() - started) / args.steps
 
 
 @entry_point
