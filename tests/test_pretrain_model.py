@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoTokenizer, Trainer, TrainingArguments
+from transformers import AutoTokenizer, GPT2Config, Trainer, TrainingArguments
 
 from common.cli import InputError
 from pretrain.batches import collate_blocks
@@ -41,8 +41,13 @@ def test_config_takes_vocabulary_and_special_ids_from_the_tokenizer(tokenizer):
 
 
 def test_gpt2_117m_preset_has_the_published_shape():
-    preset = PRESETS["gpt2-117m"]
-    assert (preset.n_layer, preset.n_embd, preset.n_head, preset.n_positions) == (12, 768, 12, 1024)
+    preset, published = PRESETS["gpt2-117m"], GPT2Config()  # transformers' defaults: GPT-2 small
+    assert (preset.n_layer, preset.n_embd, preset.n_head, preset.n_positions) == (
+        published.n_layer,
+        published.n_embd,
+        published.n_head,
+        published.n_positions,
+    )
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,8 @@ def test_tiny_run_learns_and_writes_its_summary(tiny_run):
         "TrainingArguments",
         "model_config",
     }
-    assert summary["config"]["TrainingArguments"]["learning_rate"] == pytest.approx(1.0e-3)
+    configured = parse_pretrain_args(["--config", str(TINY_CONFIG)]).training.learning_rate
+    assert summary["config"]["TrainingArguments"]["learning_rate"] == configured
     assert summary["speed_settings"]["precision"] == "fp32"
     assert summary["speed_settings"]["attn_implementation"] == "sdpa"
     assert "Device: cpu" in summary["accelerator_state"]
@@ -215,14 +216,22 @@ def test_generate_from_a_final_model_missing_a_file_is_one_line_error(tiny_run, 
     assert error.startswith("error: model folder ") and "tokenizer.json is missing" in error
 
 
-def test_config_file_sets_defaults_and_flags_override():
-    model, corpus, data, report, training = parse_pretrain_args(
-        ["--config", str(TINY_CONFIG), "--learning_rate", "1.0e-4", "--block_size", "32"]
-    )
-    assert training.learning_rate == pytest.approx(1.0e-4)  # flag
-    assert training.per_device_train_batch_size == 16  # YAML
-    assert data.block_size == 32 and model.model_preset == "tiny"
-    assert training.report_to == ["tensorboard"] and training.eval_strategy == "no"
+def test_every_key_of_a_config_reaches_the_options_and_flags_win():
+    config = yaml.safe_load(TINY_CONFIG.read_text())
+    flags = {"learning_rate": 1.0e-4, "block_size": 32}
+    argv = [str(item) for name, value in flags.items() for item in (f"--{name}", value)]
+    parsed = parse_pretrain_args(["--config", str(TINY_CONFIG), *argv])
+    values = {
+        name: getattr(options, name)
+        for options in parsed
+        for name in config
+        if hasattr(options, name)
+    }
+    assert set(values) == set(config), "every key of the YAML is an option"
+    for name, value in {**config, **flags}.items():
+        parsed_value = values[name]
+        parsed_value = getattr(parsed_value, "value", parsed_value)  # an enum of transformers
+        assert parsed_value == value or [parsed_value] == value, name
 
 
 @pytest.mark.parametrize("config", sorted(TINY_CONFIG.parent.glob("*.yaml")), ids=lambda p: p.name)
@@ -348,7 +357,8 @@ def test_a_second_run_into_a_folder_in_use_is_refused_naming_the_first(data_path
     assert checkpoints
     for checkpoint in checkpoints:
         manifest = json.loads((checkpoint / CHECKPOINT_MANIFEST_FILE).read_text())
-        assert manifest["run_identity"]["learning_rate"] == pytest.approx(1.0e-3)
+        first_rate = parse_pretrain_args(argv).training.learning_rate
+        assert manifest["run_identity"]["learning_rate"] == first_rate != 2.0e-3
 
 
 @pytest.mark.system
