@@ -4,7 +4,7 @@
 #
 #   bash bench/make_wheelhouse.sh       # once, on a machine with PyPI: bench/wheels/
 #   bash bench/gpu_12m.sh [--corpus data/WebOfScience.zip] [--time_limit_s 330] [--rows ...]
-#   bash bench/gpu_12m.sh --dry-run     # every row with the tiny model on CPU, a few minutes
+#   bash bench/gpu_12m.sh --scale dry_run   # every row with the tiny model on CPU, minutes
 #
 # Made for a GPU machine without network that has PyTorch, accelerate and tokenizers but not
 # this repo's other packages: it installs bench/wheels/ (datasets, transformers) with

@@ -10,8 +10,11 @@ tokens. Then one pretrain/run.py process per row of ROWS, in order, until --time
 spent (the row then running is stopped); a rerun reads the finished rows back and trains the
 rest. The rows share one compile cache, emptied before `main`: `main` compiles cold,
 `main_warm` warm. The table's columns come from each run_summary.json (docs/BENCHMARKS.md).
-With --dry_run every row is the tiny model on CPU (16,384 tokens, checkpoints every 2 steps,
-compiled rows with dynamo's `eager` backend): it checks every row and the table, not speed.
+--scale dry_run: every row is the tiny model on CPU (16,384 tokens, compiled rows with
+dynamo's `eager` backend): it checks every row and the table, not speed. --scale cpu: the tiny
+model on CPU compiled for real (cold vs warm compile cache, compiles after the first step, the
+time budget); --scale cpu_117m: the 117M shape on CPU, eager, 8 steps of one 128-token block
+(what checkpoints of the real model cost).
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ ROWS: dict[str, list[str]] = {
     "main": [],  # the course run as shipped, compile cache cold
     "main_warm": [],  # the same, compile cache warm: the reference of every ratio
     "eager": ["--torch_compile", "false"],
-    "checkpoints": ["--save_strategy", "steps", "--save_steps", "50"],  # the config saves none
+    # The course config's earlier checkpoints: every 50 of its 184 steps (0.27 of them, so that
+    # the CPU scales save as often), and at the end; it now writes none.
+    "checkpoints": ["--save_strategy", "steps", "--save_steps", "0.27"],
     "loss_hf": ["--loss_implementation", "hf"],
     "gelu_new": ["--activation_function", "gelu_new"],  # GPT-2's code: several kernels
     "batch_128": ["--per_device_train_batch_size", "128"],
@@ -64,11 +69,18 @@ class Scale:
 # On a GPU lent for 15 minutes: two calls of 330 s (the second continuing the first) and the
 # machine's start.
 GPU = Scale(60, 32768, 12_000_000, 330)
-DRY_RUN = Scale(
-    2, 1024, 16384, 1200,
-    ("--model_preset", "tiny", "--block_size", "64", "--use_cpu", "true",
-     "--dataloader_num_workers", "0", "--save_steps", "2"),
-)  # fmt: skip
+CPU_TINY = ("--model_preset", "tiny", "--block_size", "64", "--use_cpu", "true")
+SCALES = {
+    "gpu": GPU,
+    "dry_run": Scale(2, 1024, 16384, 1200, (*CPU_TINY, "--dataloader_num_workers", "0")),
+    "cpu": Scale(2, 2048, 65536, 3600, (*CPU_TINY, "--dataloader_num_workers", "0")),
+    "cpu_117m": Scale(
+        2, 32768, 8 * 128, 3600,
+        ("--block_size", "128", "--per_device_train_batch_size", "1", "--use_cpu", "true",
+         "--per_device_eval_batch_size", "1", "--torch_compile", "false",
+         "--dataloader_num_workers", "0"),
+    ),
+}  # fmt: skip
 
 
 @dataclass
@@ -77,7 +89,7 @@ class AblationArguments:
         default=None,
         metadata={
             "help": "Folder of inputs, runs and table.md (default: runs/bench_gpu_12m, with "
-            "--dry_run runs/bench_gpu_12m_dry_run)."
+            "another --scale runs/bench_gpu_12m_<scale>)."
         },
     )
     corpus: list[str] = field(
@@ -99,16 +111,22 @@ class AblationArguments:
             "row still running then is stopped; the table shows what finished, a rerun continues."
         },
     )
-    dry_run: bool = field(
-        default=False,
-        metadata={"help": "Tiny model on CPU, a few steps each: checks the script, not speed."},
+    scale: str = field(
+        default="gpu",
+        metadata={
+            "help": "The course run on a GPU; dry_run: every row tiny on CPU, a check of the "
+            "script; cpu, cpu_117m: what runs measure on a CPU (the module's docstring).",
+            "choices": list(SCALES),
+        },
     )
 
     def __post_init__(self) -> None:
         if self.output_dir is None:
-            self.output_dir = "runs/bench_gpu_12m" + ("_dry_run" if self.dry_run else "")
+            self.output_dir = "runs/bench_gpu_12m" + (
+                "" if self.scale == "gpu" else f"_{self.scale}"
+            )
         if self.time_limit_s is None:
-            self.time_limit_s = (DRY_RUN if self.dry_run else GPU).time_limit_s
+            self.time_limit_s = SCALES[self.scale].time_limit_s
 
 
 def prepare_inputs(args: AblationArguments, scale: Scale) -> tuple[list[str], str]:
@@ -146,7 +164,7 @@ def row_command(
         *scale.flags,
         *ROWS[name],
     ]  # fmt: skip
-    if scale is DRY_RUN and parse_pretrain_args(flags).training.torch_compile:
+    if scale is SCALES["dry_run"] and parse_pretrain_args(flags).training.torch_compile:
         flags += ["--torch_compile_backend", "eager"]  # graph capture without code generation
     return [sys.executable, str(RUN_SCRIPT), *flags]
 
@@ -213,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     prog = "python -m bench.gpu_ablation"
     (args,) = parse_args([AblationArguments], argv, description=__doc__, prog=prog)
-    scale = DRY_RUN if args.dry_run else GPU
+    scale = SCALES[args.scale]
     corpus, tokenizer_dir = prepare_inputs(args, scale)
     commands = {name: row_command(args, scale, name, corpus, tokenizer_dir) for name in args.rows}
     # The packed blocks of every row, built before the first row's clock starts.
