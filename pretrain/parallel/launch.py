@@ -1,0 +1,184 @@
+"""`accelerate launch` for pretraining, ending with an exit code that says how the run ended.
+
+    launch-pretraining --config_file accelerate_configs/cpu_ddp.yaml --num_processes 2 \\
+        pretrain/run.py --config pretrain/configs/tiny.yaml
+
+Same arguments, same launchers. Exits 0 when done; 143 / 138 when SIGTERM / SIGUSR1 (passed on
+to the processes, killed if still running PRETRAIN_STOP_GRACE_SECONDS, 60, later) left a saved
+checkpoint; 2 / 3 for bad input / a failed run, in one `error:` line (ours names a killed
+process, or a stop that saved nothing); any other code is a crash, with its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+from accelerate.commands.launch import launch_command, launch_command_parser
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from common import cli
+from common.run_contract import CHECKPOINT_MANIFEST_FILE
+
+GRACE_VARIABLE = "PRETRAIN_STOP_GRACE_SECONDS"  # the processes read it too
+# The signals pretrain/checkpoints.py saves a checkpoint on; torchrun keeps handling the others.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+ERRORS_LOG = "process_errors.log"  # in the run folder: what follows from our error line
+# A process's error line, and its traceback once in a process group (torch puts the rank first).
+HELD_LINE = re.compile(rb"error: |\[rank\d+\]: ")
+
+
+def run_folder(script_args: list[str]) -> Path | None:
+    """The training's `--output_dir`: from its command line, else from its `--config` file."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--output_dir")
+    parser.add_argument("--config")
+    known, _ = parser.parse_known_args(script_args)
+    if known.output_dir is None and known.config is not None:
+        with contextlib.suppress(cli.InputError):  # the training process says so itself
+            known.output_dir = cli.load_config_file(known.config).get("output_dir")
+    return Path(known.output_dir) if known.output_dir else None
+
+
+def newest_complete_checkpoint(run_dir: Path | None) -> Path | None:
+    """The `checkpoint-<step>/` with the highest step that holds its manifest (written last)."""
+    manifests = run_dir.glob(f"checkpoint-*/{CHECKPOINT_MANIFEST_FILE}") if run_dir else []
+    newest = max(manifests, key=lambda path: int(path.parent.name.split("-")[-1]), default=None)
+    return newest.parent if newest else None
+
+
+class StopSignals:
+    """Pass the first SIGTERM or SIGUSR1 on to the processes, and kill those still running
+    `grace` seconds later: the job's end would cut them short anyway, at a less known moment."""
+
+    def __init__(self, grace: float, run_dir: Path | None) -> None:
+        self.run_dir, self.received, self.checkpoint_before = run_dir, None, None
+        self.timer = threading.Timer(grace, self._send, args=(signal.SIGKILL,))
+        for stop_signal in STOP_SIGNALS:
+            signal.signal(stop_signal, self._pass_on)
+
+    def _pass_on(self, signum: int, frame) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum)
+            self.checkpoint_before = newest_complete_checkpoint(self.run_dir)
+            self._send(signum)
+            self.timer.start()
+
+    def _send(self, signum: int) -> None:
+        self.grace_ended = signum == signal.SIGKILL  # the last signal sent: the stop, or the kill
+        for process in psutil.Process().children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signum)
+
+
+class HeldErrors:
+    """Pass what the processes write to stderr on to the terminal as it comes, except their error
+    lines and tracebacks: those wait until it is known whether they explain the end or follow
+    from it (a peer's failed all-reduce after a process was killed)."""
+
+    def __init__(self) -> None:
+        self.terminal = os.dup(2)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 2)  # inherited by every process started from here on
+        os.close(write_end)
+        self.held: list[bytes] = []
+        self.thread = threading.Thread(target=self._pass_on, args=(read_end,), daemon=True)
+        self.thread.start()
+
+    def _pass_on(self, read_end: int) -> None:
+        rest = b""
+        while chunk := os.read(read_end, 1 << 16):
+            *lines, rest = (rest + chunk).split(b"\n")
+            for line in lines:
+                self._sort(line + b"\n")
+            if b"\r" in rest:  # a progress bar redrawing its line: show it now
+                self._sort(rest)
+                rest = b""
+        self._sort(rest)
+
+    def _sort(self, text: bytes) -> None:
+        if HELD_LINE.match(text):
+            self.held.append(text)
+        else:
+            os.write(self.terminal, text)
+
+    def close(self) -> bytes:
+        """Give stderr back to the terminal; the held lines once the processes ended."""
+        os.dup2(self.terminal, 2)
+        self.thread.join(timeout=5)
+        return b"".join(self.held)
+
+
+def outcome(codes: dict[int, int], stop: StopSignals) -> tuple[int, str | None]:
+    """The exit code, and the `error:` line when the processes could not say it themselves.
+    `codes`: the failed processes' by rank, the first to fail (the others' cause) first."""
+    if not codes:
+        return 0, None
+    checkpoint = newest_complete_checkpoint(stop.run_dir)
+    newest = f"the newest complete checkpoint is {checkpoint or 'none'}"
+    if stop.received is not None:
+        code = 128 + stop.received
+        if checkpoint != stop.checkpoint_before or all(c == code for c in codes.values()):
+            return code, None
+        why = "it came before training began"
+        if stop.grace_ended:
+            why = f"the processes were killed after {stop.timer.interval:g} s ({GRACE_VARIABLE})"
+        return cli.EXIT_RUN_FAILED, f"{stop.received.name} stopped the run unsaved: {why}; {newest}"
+    rank, code = next(iter(codes.items()))
+    if code >= 0:
+        return code, None
+    return cli.EXIT_RUN_FAILED, (
+        f"rank {rank} was killed by {signal.Signals(-code).name} (out of memory, or from "
+        f"outside) and the run stopped; {newest}; continue with --resume_from_checkpoint auto"
+    )
+
+
+@cli.entry_point
+def main(argv: list[str] | None = None) -> int:
+    args = launch_command_parser().parse_args(argv)
+    args.quiet = False  # with it, accelerate ends with exit code 1 instead of the process's
+    run_dir = run_folder(args.training_script_args)
+    grace = os.environ.setdefault(GRACE_VARIABLE, "60")
+    if not re.fullmatch(r"\d+(\.\d*)?", grace):
+        raise cli.InputError(f"{GRACE_VARIABLE}={grace!r} is not a number of seconds")
+    stop = StopSignals(float(grace), run_dir)
+    os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"  # SIGTERM, SIGUSR1: ours
+    # torchrun's lines on a failure ("Sending process ... closing signal") say less than ours.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    stderr = HeldErrors()
+    codes: dict[int, int] = {}
+    try:
+        launch_command(args)
+    except subprocess.CalledProcessError as err:  # one process
+        codes = {0: err.returncode}
+    except ChildFailedError as err:  # in the order torchrun saw them fail
+        failures = sorted(err.failures.items(), key=lambda item: item[1].timestamp)
+        codes = {rank: failure.exitcode for rank, failure in failures}
+    except (SignalException, KeyboardInterrupt) as err:  # SIGINT, SIGHUP, SIGQUIT
+        codes = {0: 128 + getattr(err, "sigval", signal.SIGINT)}
+    finally:
+        stop.timer.cancel()
+        held = stderr.close()
+    code, message = outcome(codes, stop)
+    if held and message and run_dir is not None and run_dir.is_dir():  # they follow from it
+        (run_dir / ERRORS_LOG).write_bytes(held)
+        message += f"; the processes' own error lines and tracebacks: {run_dir / ERRORS_LOG}"
+    elif held:  # no line of ours: theirs explain the end
+        os.write(2, held)
+    if message:
+        raise cli.RunFailed(message)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

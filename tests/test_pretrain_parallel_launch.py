@@ -1,0 +1,180 @@
+"""The launcher's exit code and terminal under the faults a cluster deals out: a stop signal
+(Slurm's warning before the time limit, scancel, preemption), a process killed (kill -9, the
+out-of-memory killer), a save slower than the grace period, bad input. Each drives the real
+command (the README's and the sbatch scripts') with the real fault."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from pretrain_runs import (
+    REPO_ROOT,
+    RUN_SCRIPT,
+    TINY_CONFIG,
+    shared_data_paths,
+    subprocess_env,
+    tiny_run_argv,
+)
+
+from common.run_contract import CHECKPOINT_MANIFEST_FILE
+from pretrain.checkpoints import checkpoint_damage, checkpoint_global_step, list_checkpoints
+from pretrain.parallel.launch import GRACE_VARIABLE, run_folder
+
+LAUNCHER = [sys.executable, "-m", "pretrain.parallel.launch"]
+CPU_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu.yaml"
+CPU_DDP_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu_ddp.yaml"
+NUM_BLOCKS = 40_000  # 10,000 steps of 4 blocks: the tests stop the runs long before
+SAVE_STEPS = 3  # a checkpoint soon, so a test knows training is under way
+# A line the training processes log (common/cli.py setup_logging).
+LOG_LINE = re.compile(r"\d\d:\d\d:\d\d (INFO|WARNING) [\w.]+: ")
+
+
+@pytest.fixture
+def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
+    return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
+
+
+def launch(data_paths: dict, run_dir: Path, num_processes: int, **env: str) -> subprocess.Popen:
+    """The launcher on a tiny run long enough to be stopped, in a process group of its own."""
+    config = CPU_DDP_CONFIG if num_processes > 1 else CPU_CONFIG
+    argv = tiny_run_argv(**data_paths, output_dir=run_dir, num_blocks=NUM_BLOCKS)
+    command = [
+        *LAUNCHER, "--config_file", str(config), "--num_processes", str(num_processes),
+        str(RUN_SCRIPT), *argv, "--per_device_train_batch_size", str(4 // num_processes),
+        # Every step a boundary at which the processes agree to stop.
+        "--logging_steps", "1", "--save_steps", str(SAVE_STEPS),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command,
+        env={**subprocess_env(), **env},
+        stdout=subprocess.DEVNULL,  # Trainer's log lines, read by no one: never a full pipe
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_training(launcher: subprocess.Popen, run_dir: Path, timeout: float = 300) -> int:
+    """Once a checkpoint is sealed (training is under way), the step of the newest."""
+    deadline = time.monotonic() + timeout
+    while not list(run_dir.glob(f"checkpoint-*/{CHECKPOINT_MANIFEST_FILE}")):
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            launcher.kill()
+            pytest.fail(f"no checkpoint after {timeout} s:\n{launcher.communicate()[1][-3000:]}")
+        time.sleep(0.2)
+    return max(checkpoint_global_step(path) or 0 for path in list_checkpoints(run_dir))
+
+
+def newest_whole_checkpoint(run_dir: Path) -> Path:
+    return next(path for path in list_checkpoints(run_dir) if checkpoint_damage(path) is None)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("stop_signal", "num_processes", "to_group"),
+    [
+        (signal.SIGTERM, 2, False),
+        (signal.SIGUSR1, 2, False),
+        (signal.SIGTERM, 2, True),  # scancel and a shell's kill reach the whole group
+        (signal.SIGUSR1, 1, False),  # accelerate's one-process launcher passes on no signal
+    ],
+    ids=["sigterm", "sigusr1", "sigterm-to-group", "sigusr1-one-process"],
+)
+def test_stop_signal_saves_a_checkpoint_and_exits_128_plus_signal(
+    data_paths, tmp_path, stop_signal, num_processes, to_group
+):
+    run_dir = tmp_path / "run"
+    launcher = launch(data_paths, run_dir, num_processes)
+    step_before = wait_for_training(launcher, run_dir)
+    (os.killpg if to_group else os.kill)(launcher.pid, stop_signal)
+    _, stderr = launcher.communicate(timeout=600)
+
+    assert launcher.returncode == 128 + stop_signal, stderr[-3000:]
+    checkpoint = newest_whole_checkpoint(run_dir)
+    step = checkpoint_global_step(checkpoint)
+    assert step > step_before  # saved on the signal, after the one the test saw
+    assert f"stopped by {stop_signal.name} at step {step} of " in stderr
+    assert "Traceback" not in stderr and not error_lines(stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_killed_process_ends_the_run_in_one_line_naming_rank_signal_and_checkpoint(
+    data_paths, tmp_path
+):
+    run_dir = tmp_path / "run"
+    launcher = launch(data_paths, run_dir, num_processes=2)
+    wait_for_training(launcher, run_dir)
+    workers = psutil.Process(launcher.pid).children()
+    (rank_1,) = [worker for worker in workers if worker.environ().get("RANK") == "1"]
+    rank_1.kill()
+    _, stderr = launcher.communicate(timeout=600)
+
+    assert launcher.returncode == 3, stderr[-3000:]
+    assert len(error_lines(stderr)) == 1, stderr[-3000:]
+    (error,) = error_lines(stderr)
+    assert "rank 1 was killed by SIGKILL" in error
+    assert f"the newest complete checkpoint is {newest_whole_checkpoint(run_dir)};" in error
+    # The survivor's traceback (its peer vanished mid all-reduce) stays off the terminal.
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_stop_signal_unsaved_within_the_grace_period_is_a_failed_run(data_paths, tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = launch(data_paths, run_dir, num_processes=1, **{GRACE_VARIABLE: "0"})
+    wait_for_training(launcher, run_dir)
+    (worker,) = psutil.Process(launcher.pid).children()
+    worker.suspend()  # a save slower than any grace period: it never gets to it
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=600)
+
+    assert launcher.returncode == 3, stderr[-3000:]
+    (error,) = error_lines(stderr)
+    assert "SIGTERM stopped the run unsaved: the processes were killed after 0 s" in error
+    assert GRACE_VARIABLE in error
+    assert f"the newest complete checkpoint is {newest_whole_checkpoint(run_dir)}" in error
+
+
+@pytest.mark.slow
+def test_bad_input_with_one_process_is_one_error_line_and_exit_2(data_paths, tmp_path):
+    run_dir = tmp_path / "run"
+    argv = tiny_run_argv(
+        **{**data_paths, "tokenizer_dir": tmp_path / "missing"}, output_dir=run_dir
+    )
+    result = subprocess.run(
+        [*LAUNCHER, "--config_file", str(CPU_CONFIG), str(RUN_SCRIPT), *argv],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    (error,) = error_lines(result.stderr)
+    assert f"tokenizer folder {tmp_path / 'missing'} does not exist" in error
+    # Besides it, only the lines the training process logged before it looked at the tokenizer.
+    others = [line for line in result.stderr.splitlines() if line != error]
+    assert all(LOG_LINE.match(line) for line in others), others
+    assert not run_dir.exists()
+
+
+def test_run_folder_is_the_output_dir_flag_else_the_config_files():
+    config_output_dir = yaml.safe_load(TINY_CONFIG.read_text())["output_dir"]
+    assert run_folder(["--config", str(TINY_CONFIG)]) == Path(config_output_dir)
+    assert run_folder(["--config", str(TINY_CONFIG), "--output_dir=runs/x"]) == Path("runs/x")
+    assert run_folder(["--output_dir", "runs/y", "--logging_steps", "1"]) == Path("runs/y")
+    assert run_folder(["--config", "missing.yaml"]) is None
