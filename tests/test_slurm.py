@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -253,16 +252,33 @@ def test_pretrain_two_nodes_stay_in_sync_and_match_one_process(
     assert_same_parameters(run_dir, single_node_run)
 
 
-def test_pretrain_time_limit_checkpoints_requeues_and_resumes(
-    cluster: LocalCluster, pretrain_flags, single_node_run: Path, tmp_path: Path
+def training_processes(run_dir: Path) -> list[int]:
+    """The training processes writing RUN_DIR (not their launcher, whose arguments name it too)."""
+    launchers = find_processes("python", "pretrain.parallel.launch")
+    return [
+        p for p in find_processes("python", "pretrain/run.py", str(run_dir)) if p not in launchers
+    ]
+
+
+@pytest.mark.parametrize(
+    "stop_signal", [signal.SIGUSR1, signal.SIGTERM], ids=["time-limit", "sigterm"]
+)
+def test_pretrain_stop_signal_checkpoints_requeues_and_resumes(
+    cluster: LocalCluster,
+    pretrain_flags,
+    single_node_run: Path,
+    tmp_path: Path,
+    stop_signal: signal.Signals,
 ) -> None:
-    """The script's `--signal=B:USR1@90` reaches a job mid-training: it saves a checkpoint,
-    requeues itself, and the next start resumes and finishes the planned steps.
+    """A job stopped mid-training saves a checkpoint, requeues itself (the launcher exits 138 or
+    143), and the next start resumes and finishes the planned steps. SIGUSR1 is the script's
+    `--signal=B:USR1@90` before the time limit; SIGTERM reaches the steps on preemption or
+    `scancel --signal=TERM`.
 
     Slurm checks time limits every 30 s, so when the signal lands is not ours to choose; a tiny
     run would be over long before. The test therefore pauses training (SIGSTOP) after its first
-    steps, cuts the job's time limit so that the signal falls due now, and lets training go on
-    once the signal is pending on it. The requeued job gets a full slot back.
+    steps, cuts the job's time limit so that the signal falls due now (or sends SIGTERM), and
+    lets training go on once the signal is pending on it. The requeued job gets a full slot back.
     """
     run_dir = tmp_path / "run"
     script = SLURM_SCRIPTS / "pretrain_single_gpu.sbatch"
@@ -281,15 +297,18 @@ def test_pretrain_time_limit_checkpoints_requeues_and_resumes(
         wait_until(lambda: cluster.jobs(name="gpt2-pretrain"), "the job to be submitted")
         (job_id,) = cluster.jobs(name="gpt2-pretrain")
         wait_until(lambda: scalar_steps(run_dir / "tensorboard", "train/loss"), "a first step")
-        trainer_pids = find_processes("python", "pretrain/run.py", str(run_dir))
+        trainer_pids = training_processes(run_dir)
         assert len(trainer_pids) == 1, trainer_pids
         os.kill(trainer_pids[0], signal.SIGSTOP)
-        # 2 minutes with a warning 90 s before the end: due within Slurm's next check.
-        updated = cluster.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=2"])
+        if stop_signal == signal.SIGUSR1:
+            # 2 minutes with a warning 90 s before the end: due within Slurm's next check.
+            updated = cluster.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=2"])
+        else:
+            updated = cluster.run(["scancel", f"--signal={stop_signal.name}", job_id])
         assert updated.returncode == 0, updated.stderr
         wait_until(
-            lambda: signal.SIGUSR1 in pending_signals(trainer_pids[0]),
-            "SIGUSR1 to reach the training process",
+            lambda: stop_signal in pending_signals(trainer_pids[0]),
+            f"{stop_signal.name} to reach the training process",
         )
         os.kill(trainer_pids[0], signal.SIGCONT)
         wait_until(lambda: cluster.job_fields(job_id).get("Restarts") == "1", "the job to requeue")
@@ -306,9 +325,10 @@ def test_pretrain_time_limit_checkpoints_requeues_and_resumes(
     assert sbatch.returncode == 0, f"{stderr}\njob log:\n{job_log}"
 
     # The first start saved a checkpoint when signalled; the second one resumed from it.
-    assert job_log.count("time limit near") == 1
+    assert job_log.count("time limit near") == (stop_signal == signal.SIGUSR1)
+    assert job_log.count(f"saved a checkpoint and stopped ({128 + stop_signal}): requeue") == 1
     assert "(restart 1)" in job_log
-    stopped = re.search(r"stopped by SIGUSR1 at step (\d+) of (\d+)", job_log)
+    stopped = re.search(rf"stopped by {stop_signal.name} at step (\d+) of (\d+)", job_log)
     assert stopped is not None, job_log
     stopped_at_step = int(stopped[1])
     assert 0 < stopped_at_step < PRETRAIN_STEPS == int(stopped[2])
@@ -327,19 +347,41 @@ def test_pretrain_time_limit_checkpoints_requeues_and_resumes(
 def test_pretrain_signal_before_training_fails_instead_of_requeueing_forever(
     cluster: LocalCluster, pretrain_flags, tmp_path: Path
 ) -> None:
-    # A 1-minute limit puts the 90 s warning before start-up has ended: the step dies without a
-    # checkpoint, and a requeue would only repeat that.
-    slow_python = tmp_path / "slow_python"
-    slow_python.write_text(f'#!/bin/sh\nsleep 90\nexec {sys.executable} "$@"\n')
-    slow_python.chmod(0o755)
+    """A time limit shorter than start-up puts the warning before training began: nothing can
+    be saved, and a requeue would only repeat that. The test holds the training process in its
+    start-up (SIGSTOP) and signals the batch shell as Slurm does at `--signal=B:USR1@90`."""
     run_dir = tmp_path / "run"
-    submitted = cluster.run(
-        ["sbatch", "--wait", "--time=1", f"--output={tmp_path / 'run.out'}",
+    sbatch = subprocess.Popen(
+        ["sbatch", "--wait", f"--output={tmp_path / 'run.out'}",
          str(SLURM_SCRIPTS / "pretrain_single_gpu.sbatch"), *pretrain_flags],
-        timeout=240,
-        **{**pretrain_env(run_dir), "PYTHON": str(slow_python)},
+        cwd=REPO_ROOT,
+        env={**cluster.env, **pretrain_env(run_dir)},
     )  # fmt: skip
+    trainer_pids: list[int] = []
+    try:
+        wait_until(
+            lambda: sbatch.poll() is not None or training_processes(run_dir),
+            "the training process to start",
+        )
+        trainer_pids = training_processes(run_dir)
+        assert trainer_pids, (tmp_path / "run.out").read_text()
+        os.kill(trainer_pids[0], signal.SIGSTOP)
+        (job_id,) = cluster.jobs(name="gpt2-pretrain")
+        signalled = cluster.run(["scancel", "--batch", "--signal=USR1", job_id])
+        assert signalled.returncode == 0, signalled.stderr
+        wait_until(
+            lambda: signal.SIGUSR1 in pending_signals(trainer_pids[0]),
+            "SIGUSR1 to reach the training process",
+        )
+        os.kill(trainer_pids[0], signal.SIGCONT)
+        sbatch.wait(timeout=240)
+    finally:
+        for pid in trainer_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if sbatch.poll() is None:
+            sbatch.kill()
     job_log = (tmp_path / "run.out").read_text()
-    assert submitted.returncode == 1, job_log
-    assert "saved no new checkpoint, so job" in job_log
+    assert sbatch.returncode == 3, job_log
+    assert "error: SIGUSR1 stopped the run unsaved: it came before training began" in job_log
     assert "(restart 1)" not in job_log

@@ -84,13 +84,6 @@ is_running() {
     [[ "$state" != Z && "$comm" == "$name" ]]
 }
 
-# The daemon a PID file records: run/slurmd-127.0.0.2.pid -> slurmd.
-daemon_name() {
-    local name
-    name="$(basename "$1" .pid)"
-    echo "${name%%-*}"
-}
-
 # Start a daemon in the foreground of its own session and record its PID.
 start_daemon() {
     local name="$1"
@@ -237,7 +230,7 @@ cluster_down() {
     for pid_file in "$DIR"/run/slurmd-*.pid "$DIR/run/slurmctld.pid" "$DIR/run/munged.pid"; do
         [[ -f "$pid_file" ]] || continue
         pid="$(cat "$pid_file")"
-        name="$(daemon_name "$pid_file")"
+        name="$(basename "$pid_file" .pid)" && name="${name%%-*}"  # run/slurmd-X.pid: slurmd
         if is_running "$pid" "$name"; then
             kill -TERM "$pid" 2>/dev/null || true
         fi

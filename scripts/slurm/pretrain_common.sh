@@ -12,6 +12,9 @@
 #                                  the config's per_device_train_batch_size x
 #                                  gradient_accumulation_steps (its recipe, written for one
 #                                  process), split evenly over the processes
+#   PRETRAIN_STOP_GRACE_SECONDS=60 seconds the training processes have to save and exit once
+#                                  signalled; `--signal=B:USR1@90` leaves that plus 30 s for
+#                                  Slurm's delay (6-17 s seen): raise both together
 
 # sbatch runs a copy of the script from a spool folder: paths are relative to where it was
 # submitted.
@@ -31,9 +34,6 @@ print(config.get("per_device_train_batch_size", 8) * config.get("gradient_accumu
 }
 # srun does not inherit --cpus-per-task since Slurm 22.05.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
-# torchrun (behind `accelerate launch --multi_gpu`) forwards only these signals to the training
-# processes; SIGUSR1 is the one `#SBATCH --signal` sends.
-export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 # GPUs this job may use on this node: none when nvidia-smi is missing or fails (the CPU
 # fallback), else those Slurm granted (CUDA_VISIBLE_DEVICES) or all that nvidia-smi lists.
@@ -58,53 +58,26 @@ per_process_batch() {
     echo $((GLOBAL_BATCH / processes))
 }
 
-# Run the training step in the background and wait for it, so that the batch shell can react
-# to the signal `#SBATCH --signal=B:USR1@90` sends before the time limit: pass it on to the
-# step (srun forwards it to every task), wait until the checkpoint is written, requeue the job
-# (same job id, same OUTPUT_DIR) and let the next start resume from that checkpoint.
+# Run the training step in the background, so that the batch shell can pass on the signal
+# `#SBATCH --signal=B:USR1@90` sends before the time limit (srun to every task, the launcher to
+# every training process). On the launcher's 138 (143: SIGTERM), a checkpoint was saved: the job
+# requeues itself (same job id and OUTPUT_DIR) and the next start resumes. Other codes are
+# final: 0 done, 2 bad input, 3 a failed run (its `error:` line says why).
 run_step_with_requeue() {
-    step_pid=""
-    checkpoint_at_start="$(newest_checkpoint)"
-    trap checkpoint_and_requeue USR1  # before the step starts: an early signal must not kill us
+    trap 'echo "$(date +%T) time limit near: asking the training step to save a checkpoint"
+        kill -USR1 "${step_pid:-}" 2>/dev/null' USR1
     "$@" &
     step_pid=$!
-    local status=0
-    wait "$step_pid" || status=$?
+    local status
+    # `wait` again while the step runs on after the trap cut it short (it is saving).
+    while status=0 && wait "$step_pid" || status=$?; kill -0 "$step_pid" 2>/dev/null; do :; done
     trap - USR1
+    if ((status == 138 || status == 143)); then
+        echo "$(date +%T) step saved a checkpoint and stopped ($status): requeueing $SLURM_JOB_ID"
+        scontrol requeue "$SLURM_JOB_ID"
+        exit 0
+    fi
     return "$status"
-}
-
-checkpoint_and_requeue() {
-    echo "$(date +%T) time limit near: asking the training step to save a checkpoint"
-    local status=0
-    if [[ -n "$step_pid" ]]; then
-        kill -USR1 "$step_pid" 2>/dev/null || true
-        wait "$step_pid" || status=$?
-    fi
-    # A signal that arrives before training has begun (a time limit shorter than start-up plus
-    # the warning) kills the step before it can save: requeueing would repeat that forever.
-    if [[ "$(newest_checkpoint)" == "$checkpoint_at_start" ]]; then
-        echo "$(date +%T) error: training step ended with status $status and saved no new" \
-            "checkpoint, so job $SLURM_JOB_ID is not requeued; give it a longer time limit (-t)" >&2
-        exit 1
-    fi
-    echo "$(date +%T) training step ended with status $status; requeueing job $SLURM_JOB_ID"
-    scontrol requeue "$SLURM_JOB_ID"
-    exit 0
-}
-
-# The run folder's sealed checkpoint (its manifest, written last, is there) with the highest
-# step; empty when there is none.
-newest_checkpoint() {
-    local checkpoint step newest="" newest_step=-1
-    for checkpoint in "$OUTPUT_DIR"/checkpoint-*; do
-        step="${checkpoint##*-}"
-        if [[ -f "$checkpoint/checkpoint_manifest.json" && "$step" =~ ^[0-9]+$ ]] &&
-            ((step > newest_step)); then
-            newest="$checkpoint" newest_step="$step"
-        fi
-    done
-    echo "$newest"
 }
 
 report_run_folder() {
