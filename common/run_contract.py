@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,11 @@ TENSORBOARD_DIR = "tensorboard"
 # Which documents the blocks' training and validation splits hold, by keyed hash of the text
 # (pretrain/blocks/packing.py writes it into the cache folder; a run copies it into its folder).
 DOCUMENT_SPLIT_FILE = "document_split.json"
+
+# The signals on which a training run saves a checkpoint and stops (exit code 128 + signal), and
+# the seconds launch-pretraining waits for that after passing one on, before it kills them.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_GRACE_VARIABLE = "PRETRAIN_STOP_GRACE_SECONDS"
 
 # run_summary.json carries its version; readers note an older one and refuse a newer one.
 # 3: one `verdict` (no `loss_below_threshold`, `diverged`); `time_budget`, `checkpoint_saves`,

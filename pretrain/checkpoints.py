@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -45,6 +46,8 @@ from common.run_contract import (
     CHECKPOINT_MANIFEST_FILE,
     FINAL_MODEL_DIR,
     GPT_SUMMARY_FILE,
+    STOP_GRACE_VARIABLE,
+    STOP_SIGNALS,
     read_gpt_summary,
 )
 from pretrain.batches import BlockSchedule
@@ -53,7 +56,6 @@ from pretrain.metrics import local_tensor
 logger = logging.getLogger(__name__)
 
 RESUME_AUTO = "auto"
-CHECKPOINT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # Files that mark a finished run in the run folder.
 FINISHED_RUN_MARKERS = (GPT_SUMMARY_FILE, FINAL_MODEL_DIR)
 
@@ -252,6 +254,22 @@ def finished_run_summary(output_dir: Path) -> dict[str, Any] | None:
     return read_gpt_summary(output_dir) if (output_dir / GPT_SUMMARY_FILE).is_file() else None
 
 
+def warn_if_longer_than_grace(save_seconds: float, checkpoint_dir: Path) -> None:
+    """Warn when a checkpoint took longer to save than launch-pretraining waits after a stop
+    signal (its STOP_GRACE_VARIABLE) before it kills the processes: a save on the signal
+    would be lost."""
+    grace = float(os.environ.get(STOP_GRACE_VARIABLE, "inf"))
+    if save_seconds > grace:
+        logger.warning(
+            "%s took %.0f s to save, longer than the %g s launch-pretraining waits after a stop "
+            "signal: raise %s (and the job's --signal lead time to match)",
+            checkpoint_dir.name,
+            save_seconds,
+            grace,
+            STOP_GRACE_VARIABLE,
+        )
+
+
 class CheckpointManifestCallback(TrainerCallback):
     """Seal each checkpoint once Trainer has written all of it: every file's size and checksum,
     the run's identity and the seconds the save took, in a manifest written last (by the main
@@ -270,7 +288,8 @@ class CheckpointManifestCallback(TrainerCallback):
         self._step_done = time.perf_counter()
 
     def on_save(self, args, state, control, **kwargs):
-        if dist.is_available() and dist.is_initialized():
+        distributed = dist.is_available() and dist.is_initialized()
+        if distributed:
             dist.barrier()
         seconds = time.perf_counter() - self._step_done
         self.saves.append({"step": state.global_step, "seconds": seconds})
@@ -279,6 +298,11 @@ class CheckpointManifestCallback(TrainerCallback):
             seal_checkpoint(
                 checkpoint_dir, {"run_identity": self.identity, "save_seconds": seconds}
             )
+            warn_if_longer_than_grace(seconds, checkpoint_dir)
+        if distributed:
+            # No process stops (a stop signal) before the manifest is written: the launcher
+            # would give the main process only a few seconds more to write it.
+            dist.barrier()
 
 
 # --- Faults: a run that diverged, a signal to stop --------------------------------------------
@@ -362,7 +386,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
     synchronises anyway; a single process checks after every step.
     """
 
-    def __init__(self, signals: tuple[signal.Signals, ...] = CHECKPOINT_SIGNALS) -> None:
+    def __init__(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
         self.signals = signals
         self.received: signal.Signals | None = None
         self.stopped_at_step: int | None = None

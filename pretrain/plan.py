@@ -35,8 +35,10 @@ from pretrain.checkpoints import (
     checkpoint_global_step,
     finished_run_summary,
     identity_differences,
+    read_manifest,
     resolve_resume_checkpoint,
     run_identity,
+    warn_if_longer_than_grace,
 )
 from pretrain.loss import use_chunked_loss
 from pretrain.metrics import flops_per_token, job_peak_flops_per_second
@@ -114,6 +116,9 @@ def plan_run(
             finished = check_finished_run(Path(training_args.output_dir), identity)
         if resume_checkpoint is not None and finished is None:
             check_same_run(resume_checkpoint, identity)
+            save_seconds = read_manifest(resume_checkpoint).get("save_seconds")
+            if save_seconds is not None and training_args.process_index == 0:
+                warn_if_longer_than_grace(save_seconds, resume_checkpoint)
     logger.info(
         "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
         f"{schedule.num_train_blocks:,}",

@@ -25,9 +25,9 @@ from pretrain_runs import (
     tiny_run_argv,
 )
 
-from common.run_contract import CHECKPOINT_MANIFEST_FILE
+from common.run_contract import CHECKPOINT_MANIFEST_FILE, STOP_GRACE_VARIABLE
 from pretrain.checkpoints import checkpoint_damage, checkpoint_global_step, list_checkpoints
-from pretrain.parallel.launch import GRACE_VARIABLE, run_folder
+from pretrain.parallel.launch import run_folder
 
 LAUNCHER = [sys.executable, "-m", "pretrain.parallel.launch"]
 CPU_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu.yaml"
@@ -136,7 +136,7 @@ def test_killed_process_ends_the_run_in_one_line_naming_rank_signal_and_checkpoi
 @pytest.mark.slow
 def test_stop_signal_unsaved_within_the_grace_period_is_a_failed_run(data_paths, tmp_path):
     run_dir = tmp_path / "run"
-    launcher = launch(data_paths, run_dir, num_processes=1, **{GRACE_VARIABLE: "0"})
+    launcher = launch(data_paths, run_dir, num_processes=1, **{STOP_GRACE_VARIABLE: "0"})
     wait_for_training(launcher, run_dir)
     (worker,) = psutil.Process(launcher.pid).children()
     worker.suspend()  # a save slower than any grace period: it never gets to it
@@ -146,7 +146,7 @@ def test_stop_signal_unsaved_within_the_grace_period_is_a_failed_run(data_paths,
     assert launcher.returncode == 3, stderr[-3000:]
     (error,) = error_lines(stderr)
     assert "SIGTERM stopped the run unsaved: the processes were killed after 0 s" in error
-    assert GRACE_VARIABLE in error
+    assert STOP_GRACE_VARIABLE in error
     assert f"the newest complete checkpoint is {newest_whole_checkpoint(run_dir)}" in error
 
 

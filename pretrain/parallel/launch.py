@@ -28,11 +28,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from common import cli
-from common.run_contract import CHECKPOINT_MANIFEST_FILE
+from common.run_contract import CHECKPOINT_MANIFEST_FILE, STOP_GRACE_VARIABLE, STOP_SIGNALS
 
-GRACE_VARIABLE = "PRETRAIN_STOP_GRACE_SECONDS"  # the processes read it too
-# The signals pretrain/checkpoints.py saves a checkpoint on; torchrun keeps handling the others.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 ERRORS_LOG = "process_errors.log"  # in the run folder: what follows from our error line
 # A process's error line, and its traceback once in a process group (torch puts the rank first).
 HELD_LINE = re.compile(rb"error: |\[rank\d+\]: ")
@@ -116,7 +113,7 @@ class HeldErrors:
         """Give stderr back to the terminal; the held lines once the processes ended."""
         os.dup2(self.terminal, 2)
         self.thread.join(timeout=5)
-        return b"".join(self.held)
+        return b"".join(dict.fromkeys(self.held))  # N processes refusing one input: one line
 
 
 def outcome(codes: dict[int, int], stop: StopSignals) -> tuple[int, str | None]:
@@ -132,7 +129,9 @@ def outcome(codes: dict[int, int], stop: StopSignals) -> tuple[int, str | None]:
             return code, None
         why = "it came before training began"
         if stop.grace_ended:
-            why = f"the processes were killed after {stop.timer.interval:g} s ({GRACE_VARIABLE})"
+            why = (
+                f"the processes were killed after {stop.timer.interval:g} s ({STOP_GRACE_VARIABLE})"
+            )
         return cli.EXIT_RUN_FAILED, f"{stop.received.name} stopped the run unsaved: {why}; {newest}"
     rank, code = next(iter(codes.items()))
     if code >= 0:
@@ -148,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     args = launch_command_parser().parse_args(argv)
     args.quiet = False  # with it, accelerate ends with exit code 1 instead of the process's
     run_dir = run_folder(args.training_script_args)
-    grace = os.environ.setdefault(GRACE_VARIABLE, "60")
+    grace = os.environ.setdefault(STOP_GRACE_VARIABLE, "60")
     if not re.fullmatch(r"\d+(\.\d*)?", grace):
-        raise cli.InputError(f"{GRACE_VARIABLE}={grace!r} is not a number of seconds")
+        raise cli.InputError(f"{STOP_GRACE_VARIABLE}={grace!r} is not a number of seconds")
     stop = StopSignals(float(grace), run_dir)
     os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"  # SIGTERM, SIGUSR1: ours
     # torchrun's lines on a failure ("Sending process ... closing signal") say less than ours.
