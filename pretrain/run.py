@@ -1,6 +1,6 @@
 """Pretrain GPT-2 from scratch on packed Web of Science blocks with transformers' Trainer.
 
-    accelerate launch [--config_file accelerate_configs/X.yaml] pretrain/run.py \\
+    launch-pretraining [--config_file accelerate_configs/X.yaml] pretrain/run.py \\
         --config pretrain/configs/gpt2_117m.yaml [--flag value ...]
     python pretrain/run.py --config pretrain/configs/tiny.yaml --corpus ... --tokenizer_dir ...
 

@@ -82,7 +82,7 @@ def test_config_loads_and_is_coherent(path):
 def test_config_is_minimal_and_commented(path):
     text = path.read_text()
     assert len(yaml.safe_load(text)) <= MAX_KEYS
-    assert text.startswith("#") and "accelerate launch" in text
+    assert text.startswith("#") and "launch-pretraining" in text
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)

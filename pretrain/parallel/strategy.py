@@ -148,7 +148,7 @@ def check_granted(request: Request, strategy: Strategy, device_type: str) -> Non
     if granted:
         return
     if strategy.num_processes == 1:
-        fix = "launch 2 or more processes with `accelerate launch --num_processes N`"
+        fix = "launch 2 or more processes with `launch-pretraining --num_processes N`"
     else:
         fix = (
             f"this accelerate does not set it up on {device_type} processes; install the "
