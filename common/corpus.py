@@ -19,9 +19,11 @@ Web of Science labels that way (probe/labels.py).
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import io
+import itertools
 import json
 import logging
 import os
@@ -87,6 +89,7 @@ class CorpusStats:
     num_duplicates: int = 0
     num_empty_lines: int = 0
     num_bytes: int = 0  # UTF-8 bytes of the documents yielded (after stripping)
+    num_nul_bytes: int = 0  # NUL characters in the documents yielded: binary data read as text?
     sources: list[str] = field(default_factory=list)
 
 
@@ -124,6 +127,7 @@ class DocumentCleaner:
         self.seen.add(key)
         self.stats.num_documents += 1
         self.stats.num_bytes += len(encoded)
+        self.stats.num_nul_bytes += text.count("\0")
         return text
 
 
@@ -142,23 +146,19 @@ def iter_documents(
     return _generate_documents(sources, args, stats, log)
 
 
-def document_hashes(texts: Sequence[str], key: str) -> np.ndarray:
-    """64-bit BLAKE2b of each text's UTF-8 bytes keyed by `key`, as unsigned integers.
+def document_hash(text: str, key: str) -> int:
+    """64-bit BLAKE2b of the text's UTF-8 bytes keyed by `key`, as an unsigned integer.
 
     A document's identity in a split: it depends on the text and the key alone, not on where
     the document sits in the corpus, so a split is redone or matched from the texts.
     """
-    key_bytes = key.encode()
-    return np.fromiter(
-        (
-            int.from_bytes(
-                hashlib.blake2b(text.encode(), digest_size=8, key=key_bytes).digest(), "big"
-            )
-            for text in texts
-        ),
-        np.uint64,
-        len(texts),
-    )
+    digest = hashlib.blake2b(text.encode(), digest_size=8, key=key.encode()).digest()
+    return int.from_bytes(digest, "big")
+
+
+def document_hashes(texts: Sequence[str], key: str) -> np.ndarray:
+    """`document_hash` of each text (uint64)."""
+    return np.fromiter((document_hash(text, key) for text in texts), np.uint64, len(texts))
 
 
 def corpus_fingerprint(args: CorpusArguments) -> str:
@@ -207,6 +207,11 @@ def check_and_log_counts(stats: CorpusStats, log: bool = True) -> None:
             stats.num_duplicates,
             stats.num_empty_lines,
         )
+        if stats.num_nul_bytes:
+            logger.warning(
+                "the documents hold %d NUL bytes (binary data read as text?); kept as text",
+                stats.num_nul_bytes,
+            )
 
 
 def iter_source_texts(source: TextSource, args: CorpusArguments) -> Iterator[str]:
@@ -255,10 +260,14 @@ def resolve_sources(args: CorpusArguments) -> list[TextSource]:
     sources: list[TextSource] = []
     for entry in entries:
         if GLOB_CHARS & set(entry):
-            matches = sorted(glob.glob(entry, recursive=True))
+            matches = glob.glob(entry, recursive=True)
             if not matches:
                 raise InputError(f"corpus pattern {entry} matches no files")
-            paths = [Path(match) for match in matches]
+            # `**` through a link to a parent folder matches a file again at every depth: each
+            # file is read once, under its shallowest match.
+            deepest_first = sorted(matches, key=lambda match: (match.count(os.sep), match))[::-1]
+            shallowest = {os.path.realpath(match): match for match in deepest_first}
+            paths = [Path(match) for match in sorted(shallowest.values())]
         else:
             paths = [Path(entry)]
         for path in paths:
@@ -267,8 +276,11 @@ def resolve_sources(args: CorpusArguments) -> list[TextSource]:
 
 
 def _sources_for_path(path: Path, args: CorpusArguments) -> list[TextSource]:
-    if not path.exists():
-        raise InputError(f"corpus path {path} does not exist")
+    try:
+        path.stat()
+    except OSError as err:
+        problem = "is a symlink loop" if err.errno == errno.ELOOP else "does not exist"
+        raise InputError(f"corpus path {path} {problem}") from None
     if path.is_dir():
         return [file_source(_find_wos_text_in_folder(path, args.subset))]
     if zipfile.is_zipfile(path):
@@ -346,21 +358,26 @@ def _find_wos_text_in_folder(folder: Path, subset: str) -> Path:
 
 
 def _zip_source(path: Path, subset: str) -> TextSource:
-    """The subset's X.txt in a WoS zip, looking one zip level deeper for the wrapped download."""
-    with _damaged_zip_data_as_input_error(str(path)), zipfile.ZipFile(path) as archive:
-        member = _find_wos_member(archive, subset, str(path))
-        if member is not None:
-            return _zip_member_source(path, member)
-        inner_zips = sorted(
+    """The subset's X.txt in a WoS zip, looking one zip level deeper for the wrapped download.
+
+    An inner zip is read into memory: a zip needs random access to its central directory, and
+    the real download is only 60 MB.
+    """
+    with _damaged_zip_data_as_input_error(str(path)):
+        outer = zipfile.ZipFile(path)
+        inner_names = sorted(
             name
-            for name in archive.namelist()
+            for name in outer.namelist()
             if name.lower().endswith(".zip") and not name.startswith("__MACOSX/")
         )
-        for inner_name in inner_zips:
-            with zipfile.ZipFile(io.BytesIO(archive.read(inner_name))) as inner:
-                member = _find_wos_member(inner, subset, f"{path}!{inner_name}")
+        inner_archives = (
+            (zipfile.ZipFile(io.BytesIO(outer.read(name))), f"{path}!{name}")
+            for name in inner_names
+        )
+        for archive, label in itertools.chain([(outer, str(path))], inner_archives):
+            member = _find_wos_member(archive, subset, label)
             if member is not None:
-                return _nested_member_source(path, inner_name, member)
+                return _zip_member_source(zipfile.Path(archive, member), label)
     raise InputError(
         f"zip {path} holds no {WOS_TEXT_FILE} (expected WebOfScience.zip with "
         f"WOS46985/{WOS_TEXT_FILE}, or the download that wraps it)"
@@ -388,56 +405,16 @@ def _find_wos_member(archive: zipfile.ZipFile, subset: str, label: str) -> str |
     )
 
 
-def _zip_member_source(path: Path, member: str) -> TextSource:
+def _zip_member_source(member: zipfile.Path, archive_label: str) -> TextSource:
     def locate(relative: str) -> TextSource | None:
-        beside = _member_beside(member, relative)
-        with zipfile.ZipFile(path) as archive:
-            found = beside in archive.namelist()
-        return _zip_member_source(path, beside) if found else None
+        at = posixpath.normpath(posixpath.join(posixpath.dirname(member.at), relative))
+        beside = zipfile.Path(member.root, at)
+        return _zip_member_source(beside, archive_label) if beside.is_file() else None
 
     return TextSource(
-        label=f"{path}!{member}",
+        label=f"{archive_label}!{member.at}",
         is_jsonl=False,
-        open_binary=lambda: _open_member(path, member),
+        open_binary=lambda: member.open("rb"),
         locate=locate,
         in_zip=True,
     )
-
-
-def _nested_member_source(path: Path, inner_name: str, member: str) -> TextSource:
-    def locate(relative: str) -> TextSource | None:
-        beside = _member_beside(member, relative)
-        with zipfile.ZipFile(path) as outer:
-            inner_bytes = outer.read(inner_name)
-        with zipfile.ZipFile(io.BytesIO(inner_bytes)) as inner:
-            found = beside in inner.namelist()
-        return _nested_member_source(path, inner_name, beside) if found else None
-
-    return TextSource(
-        label=f"{path}!{inner_name}!{member}",
-        is_jsonl=False,
-        open_binary=lambda: _open_nested_member(path, inner_name, member),
-        locate=locate,
-        in_zip=True,
-    )
-
-
-def _member_beside(member: str, relative: str) -> str:
-    """The zip member name of `relative`, a path from the folder that holds `member`."""
-    return posixpath.normpath(posixpath.join(posixpath.dirname(member), relative))
-
-
-@contextmanager
-def _open_member(path: Path, member: str) -> Iterator[IO[bytes]]:
-    with zipfile.ZipFile(path) as archive, archive.open(member) as handle:
-        yield handle
-
-
-@contextmanager
-def _open_nested_member(path: Path, inner_name: str, member: str) -> Iterator[IO[bytes]]:
-    # The inner zip is read into memory: a zip needs random access to its central directory,
-    # and the real download is only 60 MB.
-    with zipfile.ZipFile(path) as outer:
-        inner_bytes = outer.read(inner_name)
-    with zipfile.ZipFile(io.BytesIO(inner_bytes)) as inner, inner.open(member) as handle:
-        yield handle

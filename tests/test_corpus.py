@@ -2,6 +2,7 @@
 clearly."""
 
 import json
+import logging
 import shutil
 import zipfile
 from pathlib import Path
@@ -167,3 +168,35 @@ def test_a_damaged_zip_is_named_as_such_never_read_as_text(wos_zip, tmp_path):
     for replace in (False, True):
         with pytest.raises(InputError, match="damaged zip data .*Bad CRC-32"):
             read_all(damaged, replace_invalid_utf8=replace)
+
+
+def test_a_symlink_loop_is_named_as_such(tmp_path):
+    loop = tmp_path / "loop.txt"
+    loop.symlink_to(loop)
+    with pytest.raises(InputError, match=r"loop\.txt is a symlink loop"):
+        read_all(loop)
+    with pytest.raises(InputError, match=r"missing\.txt does not exist"):
+        read_all(tmp_path / "missing.txt")
+
+
+def test_a_glob_through_a_link_to_a_parent_reads_each_file_once(tmp_path):
+    write_bytes(tmp_path / "data" / "a.txt", b"one\ntwo\n")
+    write_bytes(tmp_path / "data" / "sub" / "b.txt", b"three\n")
+    (tmp_path / "data" / "sub" / "up").symlink_to("..")  # data/sub/up/sub/up/... is data
+    stats = CorpusStats()
+    args = CorpusArguments(corpus=[str(tmp_path / "data" / "**" / "*.txt")])
+    assert list(iter_documents(args, stats)) == ["one", "two", "three"]
+    # Each file read once, under its shallowest name; no duplicates were ever read.
+    assert stats.sources == [str(tmp_path / "data" / "a.txt"), str(tmp_path / "data/sub/b.txt")]
+    assert stats.num_duplicates == 0
+
+
+def test_nul_bytes_are_counted_and_warned_about_once(tmp_path, caplog):
+    path = write_bytes(tmp_path / "a.txt", b"text\x00with a NUL\nclean\n\x00\x00 two more\n")
+    stats = CorpusStats()
+    with caplog.at_level(logging.WARNING, logger="common.corpus"):
+        documents = list(iter_documents(CorpusArguments(corpus=[str(path)]), stats))
+    assert documents == ["text\x00with a NUL", "clean", "\x00\x00 two more"]
+    assert stats.num_nul_bytes == 3
+    warnings = [record.getMessage() for record in caplog.records]
+    assert warnings == ["the documents hold 3 NUL bytes (binary data read as text?); kept as text"]
