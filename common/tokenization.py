@@ -1,22 +1,27 @@
 """Tokenizer folders and document tokenization, shared by block preparation and the probe.
 
 `load_tokenizer` loads a fast tokenizer with an end-of-text token from a local folder (never
-the hub); `tokenize_documents` turns documents into one token stream with an end-of-text after
-each document, reading special-token text inside a document as plain text.
+the hub); `tokenize_stream` turns documents into token ids batch by batch, with an end-of-text
+after each document, reading special-token text inside a document as plain text and a long
+document in pieces (`cut_into_pieces`); `tokenize_documents` does it for a list at once.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from common.cli import InputError
+
+# Longer documents are tokenized in pieces (`cut_into_pieces`): the tokenizer needs ~100 bytes
+# a character of the text it is given at once (a 30 MB document: several GB).
+PIECE_CHARS = 1 << 16
+# Text per batch encode: enough for every core, a bounded working set (~100 MB).
+BATCH_CHARS = 1 << 22
 
 
 def check_tokenizer_dir(tokenizer_dir: str | Path) -> Path:
@@ -54,49 +59,72 @@ def load_tokenizer(tokenizer_dir: str | Path):
     return tokenizer
 
 
-def tokenize_documents(
-    documents: list[str], tokenizer, num_proc: int | None, batch_size: int
-) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_documents(documents: Sequence[str], tokenizer) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of all documents with eos after each (int32), and each document's length
     including its eos."""
+    batches = list(tokenize_stream(documents, tokenizer))
+    token_ids = np.concatenate([ids for ids, _ in batches])
+    starts = np.cumsum([0] + [len(ids) for ids, _ in batches[:-1]])
+    ends = np.concatenate([ends + start for (_, ends), start in zip(batches, starts, strict=True)])
+    return token_ids, np.diff(ends, prepend=0)
+
+
+def tokenize_stream(
+    documents: Iterable[str], tokenizer, batch_chars: int = BATCH_CHARS
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Token ids of the documents with eos after each (int32), batch by batch, each batch with
+    the positions in it just past each eos (where its documents end; a document may span
+    batches). A batch is about `batch_chars` characters of text, tokenized by one batch encode
+    of `tokenizers` (which uses every core)."""
     # A copy that reads "<|endoftext|>" written inside a document as plain text: the only
     # document separators in the stream are the ones appended here.
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.encode_special_tokens = True
-    dataset = datasets.Dataset.from_dict({"text": documents}).with_format("arrow")
-    tokenized = dataset.map(
-        tokenize_batch,
-        batched=True,
-        batch_size=batch_size,
-        num_proc=num_proc,
-        remove_columns=["text"],
-        fn_kwargs={"backend": backend, "eos_token_id": tokenizer.eos_token_id},
-        # The fingerprint would otherwise be a hash of the pickled tokenizer; nothing is cached
-        # by `datasets` here (the dataset lives in memory), the result is cached by us.
-        new_fingerprint=f"tokenize-{len(documents)}-{batch_size}",
-        desc="Tokenizing documents",
-    )
-    column = tokenized.data.column("input_ids")
-    token_ids = np.concatenate(
-        [chunk.flatten().to_numpy() for chunk in column.chunks if len(chunk)]
-    )
-    document_lengths = pc.list_value_length(column).to_numpy().astype(np.int64)
-    return token_ids, document_lengths
+    pieces: list[str] = []
+    ends_document: list[bool] = []
+    num_chars = 0
+    for document in documents:
+        for piece, is_last in cut_into_pieces(document):
+            pieces.append(piece)
+            ends_document.append(is_last)
+            num_chars += len(piece)
+            if num_chars >= batch_chars:
+                yield encode_pieces(backend, pieces, ends_document, tokenizer.eos_token_id)
+                pieces, ends_document, num_chars = [], [], 0
+    if pieces:
+        yield encode_pieces(backend, pieces, ends_document, tokenizer.eos_token_id)
 
 
-def tokenize_batch(batch: pa.Table, backend, eos_token_id: int) -> pa.Table:
-    """One map batch: documents -> list<int32> of their token ids with eos appended."""
-    texts = batch.column("text").to_pylist()
-    encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
-    ids_per_document = [encoding.ids for encoding in encodings]
-    lengths = np.fromiter(map(len, ids_per_document), np.int64, len(ids_per_document)) + 1
+def cut_into_pieces(document: str) -> Iterator[tuple[str, bool]]:
+    """The document in pieces of at most `PIECE_CHARS` characters, each with whether it is the
+    last; a cut falls just before the last space within the limit, at the limit when there is
+    none (rule 2 of pretrain/blocks/packing.py says what that does to the tokens)."""
+    start = 0
+    while len(document) - start > PIECE_CHARS:
+        cut = document.rfind(" ", start + 1, start + PIECE_CHARS + 1)
+        cut = cut if cut > 0 else start + PIECE_CHARS
+        yield document[start:cut], False
+        start = cut
+    yield document[start:], True
+
+
+def encode_pieces(
+    backend: Tokenizer, pieces: list[str], ends_document: list[bool], eos_token_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One batch: the pieces' token ids with eos after each piece that ends a document, and the
+    positions just past those eos."""
+    encodings = backend.encode_batch_fast(pieces, add_special_tokens=False)
+    ids_per_piece = [encoding.ids for encoding in encodings]
+    is_last = np.array(ends_document)
+    lengths = np.fromiter(map(len, ids_per_piece), np.int64, len(ids_per_piece)) + is_last
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    document_ends = offsets[1:][is_last]
     is_eos = np.zeros(offsets[-1], bool)
-    is_eos[offsets[1:] - 1] = True
+    is_eos[document_ends - 1] = True
     values = np.empty(offsets[-1], np.int32)
     values[is_eos] = eos_token_id
     values[~is_eos] = np.fromiter(
-        itertools.chain.from_iterable(ids_per_document), np.int32, offsets[-1] - len(lengths)
+        itertools.chain.from_iterable(ids_per_piece), np.int32, offsets[-1] - len(document_ends)
     )
-    return pa.table({"input_ids": pa.LargeListArray.from_arrays(offsets, values)})
+    return values, document_ends

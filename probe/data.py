@@ -44,7 +44,6 @@ LABEL_FILES = {
     "area": (WOS_DOMAIN_FILE, WOS_AREA_IN_DOMAIN_FILE),
     "combined": (WOS_LABEL_FILE,),
 }
-TOKENIZE_BATCH_SIZE = 1000
 
 
 @dataclass
@@ -131,7 +130,7 @@ def split_documents(
 
 def encode_documents(texts: list[str], tokenizer, max_length: int) -> list[np.ndarray]:
     """Token ids per document, end-of-text last, at most `max_length` (rule 4)."""
-    token_ids, lengths = tokenize_documents(texts, tokenizer, None, TOKENIZE_BATCH_SIZE)
+    token_ids, lengths = tokenize_documents(texts, tokenizer)
     ends = np.cumsum(lengths)
     encoded = []
     for start, end in zip(ends - lengths, ends, strict=True):

@@ -1,5 +1,6 @@
 """Packed blocks: packing invariants, split, budget, cache reuse and invalidation, bad input."""
 
+import functools
 import json
 import logging
 import math
@@ -12,7 +13,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
 from pretrain_runs import REPO_ROOT
@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from common.cli import InputError
 from common.corpus import CorpusArguments, document_hashes, iter_documents
-from common.tokenization import tokenize_documents
+from common.tokenization import PIECE_CHARS, tokenize_documents, tokenize_stream
 from pretrain.blocks.args import DataArguments
 from pretrain.blocks.cache import load_blocks, prepare_blocks, read_stats
 from pretrain.blocks.packing import (
@@ -146,26 +146,50 @@ def test_stored_column_is_int32_input_ids_only(built):
 
 def test_special_token_text_inside_a_document_is_not_a_separator(tokenizer):
     documents = [f"a document that quotes {EOS_TEXT} in its text", "a second document"]
-    token_ids, lengths = tokenize_documents(documents, tokenizer, num_proc=None, batch_size=1)
+    token_ids, lengths = tokenize_documents(documents, tokenizer)
     assert np.count_nonzero(token_ids == tokenizer.eos_token_id) == 2
     assert lengths.sum() == len(token_ids)
     assert token_ids[lengths[0] - 1] == token_ids[-1] == tokenizer.eos_token_id
     assert EOS_TEXT in tokenizer.decode(token_ids[: lengths[0] - 1].tolist())
 
 
-def test_tokens_do_not_depend_on_processes_or_batch_size(documents, tokenizer):
-    reference, reference_lengths = tokenize_documents(documents, tokenizer, None, 1000)
-    for num_proc, batch_size in ((1, 7), (2, 1000), (2, 33)):
-        token_ids, lengths = tokenize_documents(documents, tokenizer, num_proc, batch_size)
-        assert np.array_equal(token_ids, reference)
-        assert np.array_equal(lengths, reference_lengths)
+def test_tokens_do_not_depend_on_the_batches(documents, tokenizer):
+    reference = reference_stream(documents, tokenizer)
+    for batch_chars in (1, 333, 10**9):
+        batches = list(tokenize_stream(documents, tokenizer, batch_chars))
+        assert np.array_equal(np.concatenate([ids for ids, _ in batches]), reference)
+        # Each batch says where its documents end: just past each end-of-text.
+        for token_ids, ends in batches:
+            assert np.array_equal(np.flatnonzero(token_ids == tokenizer.eos_token_id) + 1, ends)
+    token_ids, lengths = tokenize_documents(documents, tokenizer)
+    assert np.array_equal(token_ids, reference)
+    assert lengths.tolist() == [len(reference_stream([d], tokenizer)) for d in documents]
 
 
-def test_prepare_with_two_processes_gives_the_same_blocks(built, corpus_args, tmp_path):
+def test_a_long_document_is_tokenized_in_bounded_pieces_with_the_same_tokens(documents, tokenizer):
+    """Rule 2: a document longer than PIECE_CHARS is cut before a space; the byte-level
+    pre-tokenizer starts a word at its space, so the tokens are those of the uncut text. A cut
+    without a space falls at the limit."""
+    long_document = " ".join(documents)  # no newline, ~85,000 characters
+    assert len(long_document) > PIECE_CHARS
+    batches = list(tokenize_stream([long_document], tokenizer, batch_chars=PIECE_CHARS // 4))
+    assert len(batches) > 1  # the tokenizer never saw the whole text at once
+    token_ids = np.concatenate([ids for ids, _ in batches])
+    assert np.array_equal(token_ids, reference_stream([long_document], tokenizer))
+    assert [len(ends) for _, ends in batches] == [0] * (len(batches) - 1) + [1]
+    without_spaces = "x" * (2 * PIECE_CHARS + 5)
+    pieces = ["x" * PIECE_CHARS, "x" * PIECE_CHARS, "x" * 5]
+    expected = [tokenizer(piece, add_special_tokens=False)["input_ids"] for piece in pieces]
+    token_ids, _ = tokenize_documents([without_spaces], tokenizer)
+    assert token_ids.tolist() == [*sum(expected, []), tokenizer.eos_token_id]
+
+
+def test_blocks_do_not_depend_on_the_batches(built, corpus_args, tmp_path, monkeypatch):
     data_args, folder = built
-    args = data_args_for(data_args.tokenizer_dir, tmp_path, num_proc=2, map_batch_size=13)
-    other = prepare_blocks(corpus_args, args)
-    # num_proc and the batch size are not part of the cache key: the same name, same content.
+    small_batches = functools.partial(tokenize_stream, batch_chars=100)
+    monkeypatch.setattr("pretrain.blocks.packing.tokenize_stream", small_batches)
+    other = prepare_blocks(corpus_args, data_args_for(data_args.tokenizer_dir, tmp_path))
+    # How the text is batched is not part of the cache key: the same name, the same content.
     assert other.name == folder.name
     for split in ("train", "validation"):
         assert np.array_equal(
@@ -184,8 +208,8 @@ def test_pack_blocks_drops_only_the_tail():
 
 
 def test_unigram_entropy_in_nats():
-    assert unigram_entropy(np.array([3, 3, 3]), 8) == pytest.approx(0.0)
-    assert unigram_entropy(np.array([0, 1, 2, 3] * 5), 8) == pytest.approx(math.log(4))
+    assert unigram_entropy(np.bincount([3, 3, 3], minlength=8)) == pytest.approx(0.0)
+    assert unigram_entropy(np.bincount([0, 1, 2, 3] * 5, minlength=8)) == pytest.approx(math.log(4))
 
 
 def test_stats_entropy_is_below_log_vocab(built):
@@ -330,7 +354,7 @@ def test_second_run_reuses_the_cache(built, corpus_args, caplog):
 def test_changed_block_size_or_tokenizer_builds_a_new_cache(built, corpus_args, tmp_path):
     data_args, folder = built
     cache_dir = folder.parent
-    bigger = data_args_for(data_args.tokenizer_dir, cache_dir, block_size=48, n_positions=1024)
+    bigger = data_args_for(data_args.tokenizer_dir, cache_dir, block_size=48)
     assert prepare_blocks(corpus_args, bigger) != folder
 
     changed_tokenizer = tmp_path / "tokenizer"
@@ -344,6 +368,14 @@ def test_changed_block_size_or_tokenizer_builds_a_new_cache(built, corpus_args, 
     assert (
         read_stats(other)["tokenizer_files_sha256"] != read_stats(folder)["tokenizer_files_sha256"]
     )
+
+
+def test_nul_bytes_in_the_text_are_kept_and_recorded(wos_corpus_dir, tiny_tokenizer_dir, tmp_path):
+    lines = (wos_corpus_dir / "WOS46985" / "X.txt").read_text(encoding="utf-8").splitlines()
+    corpus = write_lines(tmp_path / "nul.txt", [lines[0] + "\0\0", *lines[1:]])
+    args = data_args_for(tiny_tokenizer_dir, tmp_path / "cache")
+    stats = read_stats(prepare_blocks(CorpusArguments(corpus=[str(corpus)]), args))
+    assert stats["num_nul_bytes"] == 2 and stats["num_documents"] == len(lines)
 
 
 def test_interrupted_build_leaves_nothing_and_is_never_reused(
@@ -394,7 +426,7 @@ def save_gpt2_like_tokenizer(folder):
 
 def test_any_hf_tokenizer_folder_with_eos(corpus_args, tmp_path):
     tokenizer_dir = save_gpt2_like_tokenizer(tmp_path / "gpt2_like")
-    args = data_args_for(tokenizer_dir, tmp_path / "cache", block_size=256, n_positions=1024)
+    args = data_args_for(tokenizer_dir, tmp_path / "cache", block_size=256)
     folder = prepare_blocks(corpus_args, args)
     stats = read_stats(folder)
     assert stats["vocab_size"] == 50257 and stats["eos_token_id"] == 50256
@@ -418,7 +450,8 @@ def save_tokenizer_without_eos(folder):
     "case",
     [
         "corpus_too_small",
-        "block_above_positions",
+        "one_long_document",
+        "removed_option",
         "missing_tokenizer",
         "broken_tokenizer",
         "tokenizer_without_eos",
@@ -435,7 +468,8 @@ def test_bad_input_is_one_line_and_exit_2(
     extra = []
     expected = {
         "corpus_too_small": "too few for one training and one validation block",
-        "block_above_positions": "longer than the 1024 positions of the model (--n_positions)",
+        "one_long_document": "cannot be split by document",
+        "removed_option": "unknown option --num_proc",
         "missing_tokenizer": "does not exist",
         "broken_tokenizer": "cannot be loaded",
         "tokenizer_without_eos": "no eos token",
@@ -444,8 +478,12 @@ def test_bad_input_is_one_line_and_exit_2(
     }[case]
     if case == "corpus_too_small":
         corpus = str(write_lines(tmp_path / "small.txt", ["one short line", "another one"]))
-    elif case == "block_above_positions":
-        extra = ["--block_size", "2048"]
+    elif case == "one_long_document":
+        # Tokens enough for many blocks, but the split is by document: said so, not "too few".
+        corpus = str(write_lines(tmp_path / "long.txt", [" ".join(["a long document"] * 5000)]))
+    elif case == "removed_option":
+        # Tokenization uses every core by itself: a config that still sets it is refused.
+        extra = ["--num_proc", "2"]
     elif case == "missing_tokenizer":
         tokenizer_dir = str(tmp_path / "no_such_tokenizer")
     elif case == "broken_tokenizer":
@@ -478,10 +516,7 @@ def test_bad_settings_are_refused_when_the_arguments_are_made(tiny_tokenizer_dir
     for overrides, message in (
         ({"validation_fraction": 0.0}, "--validation_fraction"),
         ({"block_size": 1}, "--block_size 1"),
-        ({"block_size": 64, "n_positions": 32}, "--block_size 64 is longer than the 32 positions"),
         ({"max_train_tokens": 0}, "--max_train_tokens 0"),
-        ({"num_proc": 0}, "--num_proc 0"),
-        ({"map_batch_size": 0}, "--map_batch_size 0"),
     ):
         with pytest.raises(InputError, match=message):
             data_args_for(tiny_tokenizer_dir, tmp_path, **overrides)
@@ -536,17 +571,16 @@ def test_two_builds_of_one_cache_at_once_give_one_cache(corpus_args, tiny_tokeni
 
 
 @pytest.mark.slow
-def test_sigterm_while_preparing_ends_the_worker_processes_too(tiny_tokenizer_dir, tmp_path):
-    """`--num_proc 2` tokenizes in worker processes; a SIGTERM to the command (a cancelled
-    job) must end them with it, and leave no cache behind."""
+def test_sigterm_while_preparing_stops_at_once_and_keeps_nothing(tiny_tokenizer_dir, tmp_path):
+    """A SIGTERM to the command (a cancelled job) while it tokenizes: exit 128 + 15, one
+    warning, no traceback, and no cache, not even the unfinished folder."""
     documents = (tmp_path / "corpus.txt").open("w", encoding="utf-8")
     with documents:  # enough text for tokenizing to last a while
-        for index in range(60_000):
+        for index in range(200_000):
             documents.write(f"Document {index} describes result {index % 97} of study {index}.\n")
     cache_dir = tmp_path / "cache"
     argv = ["--corpus", str(tmp_path / "corpus.txt"), "--tokenizer_dir", str(tiny_tokenizer_dir),
-            "--cache_dir", str(cache_dir), "--num_proc", "2",
-            "--map_batch_size", "100"]  # fmt: skip
+            "--cache_dir", str(cache_dir)]  # fmt: skip
     process = subprocess.Popen(
         [sys.executable, "-m", "pretrain.blocks.prepare", *argv],
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
@@ -554,18 +588,15 @@ def test_sigterm_while_preparing_ends_the_worker_processes_too(tiny_tokenizer_di
         stderr=subprocess.PIPE,
         text=True,
     )
-    parent = psutil.Process(process.pid)
     deadline = time.monotonic() + 120
-    while len(parent.children(recursive=True)) < 2:
-        assert process.poll() is None and time.monotonic() < deadline, "no workers started"
+    # The token stream being written into the unfinished folder: tokenizing is under way.
+    while not any(path.stat().st_size for path in cache_dir.glob(".blocks-*.tmp-*/*.int32")):
+        assert process.poll() is None and time.monotonic() < deadline, "tokenizing never started"
         time.sleep(0.05)
-    workers = parent.children(recursive=True)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM, stderr[-2000:]
     assert "Traceback" not in stderr
     assert "stopped by SIGTERM while preparing blocks; nothing was kept" in stderr
-    _, alive = psutil.wait_procs(workers, timeout=10)
-    assert alive == []
     # Nothing kept, not even the unfinished folder: at most the lock file the kernel released.
     assert [path.name for path in cache_dir.iterdir() if not path.name.endswith(".lock")] == []

@@ -34,13 +34,6 @@ class DataArguments:
     block_size: int = field(
         default=1024, metadata={"help": "Tokens per training example (the context length)."}
     )
-    n_positions: int = field(
-        default=1024,
-        metadata={
-            "help": "Position embeddings of the model the blocks are for (GPT-2: 1024); a "
-            "--block_size above it is refused. pretrain/run.py checks against its model preset."
-        },
-    )
     validation_fraction: float = field(
         default=0.005,
         metadata={
@@ -61,17 +54,6 @@ class DataArguments:
             "pass) to fill the budget. Without it a too-small corpus is an error."
         },
     )
-    num_proc: int | None = field(
-        default=None,
-        metadata={
-            "help": "Processes for tokenization (default: one process; the tokenizer itself "
-            "already uses every core). The blocks do not depend on it."
-        },
-    )
-    map_batch_size: int = field(
-        default=1000,
-        metadata={"help": "Documents per tokenization batch. The blocks do not depend on it."},
-    )
     split_seed: int = field(
         default=0,
         metadata={
@@ -83,7 +65,6 @@ class DataArguments:
     def __post_init__(self) -> None:
         if self.block_size < 2:
             raise InputError(f"--block_size {self.block_size} is too small; pass at least 2")
-        check_block_size(self.block_size, self.n_positions, "the model (--n_positions)")
         if not 0.0 < self.validation_fraction < 1.0:
             raise InputError(
                 f"--validation_fraction {self.validation_fraction} must be between 0 and 1 "
@@ -91,7 +72,3 @@ class DataArguments:
             )
         if self.max_train_tokens is not None and self.max_train_tokens < 1:
             raise InputError(f"--max_train_tokens {self.max_train_tokens} must be at least 1")
-        if self.num_proc is not None and self.num_proc < 1:
-            raise InputError(f"--num_proc {self.num_proc} must be at least 1")
-        if self.map_batch_size < 1:
-            raise InputError(f"--map_batch_size {self.map_batch_size} must be at least 1")

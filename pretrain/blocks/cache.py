@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import signal
 import tempfile
@@ -30,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import psutil
 
 from common.cli import InputError
 from common.corpus import CorpusArguments, corpus_fingerprint
@@ -117,7 +115,7 @@ def build_cache(
         )
     if tokenizer is None:
         tokenizer = load_tokenizer(data_args.tokenizer_dir)
-    with atomic_dir(folder) as tmp_dir, stop_at_once_on_termination(tmp_dir):
+    with atomic_dir(folder) as tmp_dir, stop_cleanly_on_termination():
         build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
     logger.info("packed blocks saved in %s", folder)
 
@@ -132,32 +130,18 @@ def cache_damage(folder: Path) -> str | None:
 
 
 @contextmanager
-def stop_at_once_on_termination(unfinished_dir: Path) -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGUSR1 (Slurm's warning before the time limit) stop
-    the process at once with exit code 128 + signal, its child processes (`datasets`' workers
-    and the manager process it starts) ended first and `unfinished_dir` removed.
-
-    An exception raised from the handler is not enough: the worker pool's shutdown can swallow
-    it, replace it with its own traceback, or keep the exit waiting for its manager forever.
-    The children are killed last and the process exits right after, so that the pool has no
-    time to start replacements; a forked worker that inherited this handler does the same.
-    """
+def stop_cleanly_on_termination() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGUSR1 (Slurm's warning before the time limit) end
+    the process with exit code 128 + signal, through the unfinished folder's clean-up."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, frame) -> None:
-        if os.getpid() == main_pid:
-            logger.warning(
-                "stopped by %s while preparing blocks; nothing was kept",
-                signal.Signals(signum).name,
-            )
-            shutil.rmtree(unfinished_dir, ignore_errors=True)
-        for child in psutil.Process().children(recursive=True):
-            child.kill()
-        os._exit(128 + signum)
-
-    main_pid = os.getpid()
+        logger.warning(
+            "stopped by %s while preparing blocks; nothing was kept", signal.Signals(signum).name
+        )
+        raise SystemExit(128 + signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:
@@ -215,7 +199,7 @@ def tokenizer_files_digest(tokenizer_dir: str | Path) -> str:
 
 
 def cache_key(corpus_digest: str, tokenizer_digest: str, args: DataArguments) -> str:
-    """Short hash of everything the blocks depend on (not of num_proc or the batch size)."""
+    """Short hash of everything the blocks depend on."""
     settings = {
         "pipeline_version": PIPELINE_VERSION,
         "corpus": corpus_digest,

@@ -4,20 +4,24 @@ holds them: pretrain/blocks/cache.py).
 The rules, in the order they are applied:
 
 1. Documents come from the shared corpus reader (`common.corpus.iter_documents`), in its order.
-2. Tokenization is a batched `datasets` map over the documents (`--num_proc` processes, fast
-   tokenizer, no special tokens added by the tokenizer, special-token text inside a document
-   read as plain text); `<|endoftext|>` (the tokenizer's eos token) is appended after every
-   document, so it marks exactly the document boundaries in the stream.
+2. Tokenization is `tokenizers`' batch encode over batches of documents (fast tokenizer, no
+   special tokens added by the tokenizer, special-token text inside a document read as plain
+   text); `<|endoftext|>` (the tokenizer's eos token) is appended after every document, so it
+   marks exactly the document boundaries in the stream. A document longer than 65,536
+   characters is tokenized in pieces, each cut just before the last space within that limit
+   (at the limit when there is none; `common.tokenization.cut_into_pieces`): with GPT-2's
+   byte-level pre-tokenizer a cut before a space changes no token, with others the tokens at a
+   cut may differ from the uncut text's.
 3. The split is by document: each document gets a 64-bit hash of its text keyed by
    `--split_seed`; the documents with the smallest hashes, `ceil(validation_fraction x
    documents)` of them, and more until they fill at least one block, are the validation split.
    A document's split therefore depends only on its text and the seed, not on its position or
    on the rest of the corpus. `document_split.json` in the cache folder (and in every run
-   folder trained on it) lists each split's document hashes.
+   folder trained on it) lists each split's document hashes. A corpus whose documents cannot
+   be split so (too few of them, e.g. one long document) is refused as such.
 4. Each split's token stream (its documents in corpus order, eos after each) is cut into
-   `block_size` blocks with numpy, over the whole stream at once: blocks never depend on
-   `--num_proc` or the map batch size, and at most one remainder (< block_size tokens) per split
-   is dropped.
+   `block_size` blocks over the whole stream: blocks never depend on how the text was batched,
+   and at most one remainder (< block_size tokens) per split is dropped.
 5. `--max_train_tokens` keeps exactly `ceil(max_train_tokens / block_size)` training blocks
    (12,000,000 tokens -> 11,719 blocks of 1024): the first ones of a shuffle of the packed
    blocks seeded by `--split_seed`, so the budget is a uniform sample of the corpus, not its
@@ -27,6 +31,12 @@ The rules, in the order they are applied:
    all training blocks are kept, in stream order.
 6. Only `input_ids` is stored (int32, fixed length `block_size`); the model shifts the labels.
 
+Memory does not grow with the corpus: documents stream through the tokenizer, token ids go to
+files in the unfinished cache folder as they come (the whole stream, then one per split), a
+document leaves 24 bytes (hash, end, size) and blocks are written one Arrow shard (<= 500 MB)
+at a time; only the reader's de-duplication record (~100 bytes a document) and the longest
+document (read whole) add to that.
+
 For training, `collate_blocks` makes Trainer's batches and `BlockSchedule` counts the optimizer
 steps of one pass over the training blocks and the tokens seen after each.
 """
@@ -34,38 +44,40 @@ steps of one pass over the training blocks and the tokens seen after each.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import time
+from array import array
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 import numpy as np
 import pyarrow as pa
+from datasets.arrow_writer import ArrowWriter, get_writer_batch_size_from_data_size
+from datasets.info import DatasetInfo
+from datasets.utils.py_utils import asdict, convert_file_size_to_int
 
 from common.cli import InputError
-from common.corpus import (
-    CorpusArguments,
-    CorpusStats,
-    document_hashes,
-    iter_documents,
-)
+from common.corpus import CorpusArguments, CorpusStats, document_hash, iter_documents
 from common.files import file_digests, write_json_atomic
 from common.run_contract import DOCUMENT_SPLIT_FILE
 from common.system import library_versions
-from common.tokenization import tokenize_documents
+from common.tokenization import tokenize_stream
 from pretrain.blocks.args import DataArguments
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 
 # Bump when the blocks made from the same inputs change, so older caches are not reused.
-PIPELINE_VERSION = 4
+# 5: a document over 65,536 characters is tokenized in pieces (rule 2).
+PIPELINE_VERSION = 5
 STATS_FILE = "stats.json"
 SPLITS = ("train", "validation")
+# Token streams spilled into the unfinished cache folder while building, removed before the end.
+STREAM_FILE = "{}.int32"
+ROUTE_CHUNK_TOKENS = 1 << 22
 
 
 def num_budget_blocks(max_train_tokens: int, block_size: int) -> int:
@@ -84,87 +96,101 @@ def build_blocks(
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     corpus_stats = CorpusStats()
-    documents = list(iter_documents(corpus_args, corpus_stats))
-    seconds["read"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    token_ids, document_lengths = tokenize_documents(
-        documents, tokenizer, data_args.num_proc, data_args.map_batch_size
-    )
-    seconds["tokenize"] = time.perf_counter() - started
-
-    started = time.perf_counter()
     split_key = str(data_args.split_seed)
-    hashes = document_hashes(documents, split_key)
+    # Per document: its keyed hash, its bytes as a line of X.txt (UTF-8 text and newline), and
+    # where its tokens end in the stream.
+    hashes, document_bytes, batch_ends = array("Q"), array("q"), []
+
+    def recorded(documents: Iterable[str]) -> Iterator[str]:
+        for text in documents:
+            hashes.append(document_hash(text, split_key))
+            document_bytes.append(len(text.encode()) + 1)
+            yield text
+
+    num_tokens = 0
+    documents = recorded(iter_documents(corpus_args, corpus_stats))
+    with (folder / STREAM_FILE.format("all")).open("wb") as stream:
+        for token_ids, ends in tokenize_stream(documents, tokenizer):
+            stream.write(token_ids)
+            batch_ends.append(ends + num_tokens)
+            num_tokens += len(token_ids)
+    document_ends = np.concatenate(batch_ends)
+    document_lengths = np.diff(document_ends, prepend=0)
+    document_bytes = np.frombuffer(document_bytes, np.int64)
+    seconds["read_and_tokenize"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    hashes = np.frombuffer(hashes, np.uint64)
     is_validation = choose_validation_documents(
         hashes, document_lengths, data_args.validation_fraction, data_args.block_size
     )
-    write_document_split(folder / DOCUMENT_SPLIT_FILE, hashes, is_validation, split_key)
-    token_is_validation = np.repeat(is_validation, document_lengths)
-    # Each document's bytes as a line of X.txt: its UTF-8 text and the newline that ends it.
-    document_bytes = np.fromiter((len(text.encode()) + 1 for text in documents), np.int64)
-    streams = {
-        "train": token_ids[~token_is_validation],
-        "validation": token_ids[token_is_validation],
+    num_validation_tokens = int(document_lengths[is_validation].sum())
+    num_split_tokens = {
+        "train": num_tokens - num_validation_tokens,
+        "validation": num_validation_tokens,
     }
-    packed = {split: pack_blocks(stream, data_args.block_size) for split, stream in streams.items()}
-    train_blocks, _ = packed["train"]
-    if data_args.max_train_tokens is None:
-        selected = np.arange(len(train_blocks))
-    else:
+    num_packed = {split: n // data_args.block_size for split, n in num_split_tokens.items()}
+    selected = {split: np.arange(n) for split, n in num_packed.items()}
+    if data_args.max_train_tokens is not None:
         num_selected = num_budget_blocks(data_args.max_train_tokens, data_args.block_size)
-        if num_selected > len(train_blocks) and not data_args.repeat_corpus:
+        if num_selected > num_packed["train"] and not data_args.repeat_corpus:
             raise InputError(
-                f"the training split has {len(streams['train']):,} tokens "
-                f"({len(train_blocks):,} blocks of {data_args.block_size}), fewer than "
+                f"the training split has {num_split_tokens['train']:,} tokens "
+                f"({num_packed['train']:,} blocks of {data_args.block_size}), fewer than "
                 f"--max_train_tokens {data_args.max_train_tokens:,} ({num_selected:,} blocks); "
                 "pass --repeat_corpus to repeat it, lower --max_train_tokens or add documents"
             )
-        selected = select_training_blocks(len(train_blocks), num_selected, data_args.split_seed)
-    split_blocks = {"train": train_blocks[selected], "validation": packed["validation"][0]}
+        selected["train"] = select_training_blocks(
+            num_packed["train"], num_selected, data_args.split_seed
+        )
+    write_document_split(folder / DOCUMENT_SPLIT_FILE, hashes, is_validation, split_key)
+    token_counts = route_tokens(folder, document_ends, is_validation, len(tokenizer))
     seconds["pack"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    dataset_dict = datasets.DatasetDict(
-        {split: blocks_dataset(blocks) for split, blocks in split_blocks.items()}
-    )
-    dataset_dict.save_to_disk(str(folder))
+    num_evaluated_bytes = 0
+    for split in SPLITS:
+        fingerprint = f"{context['cache_key']}-{split}"
+        for blocks in save_split(folder, split, selected[split], data_args.block_size, fingerprint):
+            if split == "validation":
+                num_evaluated_bytes += count_predicted_bytes(blocks, tokenizer)
+        (folder / STREAM_FILE.format(split)).unlink()
+    (folder / "dataset_dict.json").write_text(json.dumps({"splits": list(SPLITS)}))
     seconds["save"] = time.perf_counter() - started
 
-    vocab_size = len(tokenizer)
-    validation_blocks = split_blocks["validation"]
     split_stats = {}
     for split in SPLITS:
-        blocks, num_dropped = packed[split]
         split_is_validation = split == "validation"
-        num_documents = int(np.count_nonzero(is_validation == split_is_validation))
+        in_split = is_validation == split_is_validation
         split_stats[split] = {
-            "num_documents": num_documents,
-            "num_tokens": len(streams[split]),
-            "num_bytes": int(document_bytes[is_validation == split_is_validation].sum()),
-            "num_packed_blocks": len(blocks),
-            "num_dropped_tokens": num_dropped,
-            "num_blocks": len(split_blocks[split]),
-            "passes_over_packed_blocks": len(split_blocks[split]) / len(blocks),
-            "unigram_entropy_nats": unigram_entropy(streams[split], vocab_size),
+            "num_documents": int(np.count_nonzero(in_split)),
+            "num_tokens": num_split_tokens[split],
+            "num_bytes": int(document_bytes[in_split].sum()),
+            "num_packed_blocks": num_packed[split],
+            "num_dropped_tokens": num_split_tokens[split]
+            - num_packed[split] * data_args.block_size,
+            "num_blocks": len(selected[split]),
+            "passes_over_packed_blocks": len(selected[split]) / num_packed[split],
+            "unigram_entropy_nats": unigram_entropy(token_counts[split]),
         }
-    split_stats["validation"]["num_evaluated_tokens"] = validation_blocks[:, 1:].size
-    split_stats["validation"]["num_evaluated_bytes"] = count_predicted_bytes(
-        validation_blocks, tokenizer
+    split_stats["validation"]["num_evaluated_tokens"] = num_packed["validation"] * (
+        data_args.block_size - 1
     )
+    split_stats["validation"]["num_evaluated_bytes"] = num_evaluated_bytes
     stats = {
         "pipeline_version": PIPELINE_VERSION,
         **context,
         "corpus_sources": corpus_stats.sources,
         "num_documents": corpus_stats.num_documents,
         "num_duplicate_documents_dropped": corpus_stats.num_duplicates,
+        "num_nul_bytes": corpus_stats.num_nul_bytes,
         "num_bytes": corpus_stats.num_bytes,
-        "num_tokens": len(token_ids),
-        "tokens_per_document": len(token_ids) / len(documents),
+        "num_tokens": num_tokens,
+        "tokens_per_document": num_tokens / corpus_stats.num_documents,
         "tokens_counted": "token ids plus one end-of-text per document",
         "unigram_entropy_nats": split_stats["train"]["unigram_entropy_nats"],
         "tokenizer_dir": str(Path(data_args.tokenizer_dir).resolve()),
-        "vocab_size": vocab_size,
+        "vocab_size": len(tokenizer),
         "eos_token_id": tokenizer.eos_token_id,
         "splits": split_stats,
         "settings": dataclasses.asdict(data_args),
@@ -187,6 +213,26 @@ def build_blocks(
     return stats
 
 
+def route_tokens(
+    folder: Path, document_ends: np.ndarray, is_validation: np.ndarray, vocab_size: int
+) -> dict[str, np.ndarray]:
+    """Move the whole token stream's ids into one stream per split (their documents in corpus
+    order), a chunk at a time; return each split's count of every token id."""
+    counts = {split: np.zeros(vocab_size, np.int64) for split in SPLITS}
+    whole = folder / STREAM_FILE.format("all")
+    outputs = {split: (folder / STREAM_FILE.format(split)).open("wb") for split in SPLITS}
+    with whole.open("rb") as source, outputs["train"], outputs["validation"]:
+        for start in range(0, int(document_ends[-1]), ROUTE_CHUNK_TOKENS):
+            token_ids = np.fromfile(source, np.int32, ROUTE_CHUNK_TOKENS)
+            positions = np.arange(start, start + len(token_ids))
+            in_validation = is_validation[np.searchsorted(document_ends, positions, "right")]
+            for split, in_split in (("train", ~in_validation), ("validation", in_validation)):
+                outputs[split].write(token_ids[in_split])
+                counts[split] += np.bincount(token_ids[in_split], minlength=vocab_size)
+    whole.unlink()
+    return counts
+
+
 def choose_validation_documents(
     hashes: np.ndarray, document_lengths: np.ndarray, validation_fraction: float, block_size: int
 ) -> np.ndarray:
@@ -198,10 +244,17 @@ def choose_validation_documents(
     num_for_one_block = int(np.searchsorted(tokens_so_far, block_size)) + 1
     num_validation = max(math.ceil(validation_fraction * len(hashes)), num_for_one_block)
     if num_validation >= len(hashes) or num_total - tokens_so_far[num_validation - 1] < block_size:
+        if num_total < 2 * block_size:
+            raise InputError(
+                f"the corpus has {num_total:,} tokens in {len(hashes):,} documents (with one "
+                f"end-of-text each): too few for one training and one validation block of "
+                f"{block_size}; add documents or lower --block_size"
+            )
         raise InputError(
-            f"the corpus has {num_total:,} tokens in {len(hashes):,} documents (with one "
-            f"end-of-text each): too few for one training and one validation block of "
-            f"{block_size}; add documents or lower --block_size"
+            f"the corpus's {len(hashes):,} document(s) ({num_total:,} tokens) cannot be split "
+            "by document into a training and a validation part of one block each: the "
+            f"validation part would take {min(num_validation, len(hashes)):,} of them; add "
+            "documents (or lower --validation_fraction)"
         )
     is_validation = np.zeros(len(hashes), bool)
     is_validation[order[:num_validation]] = True
@@ -251,30 +304,59 @@ def count_predicted_bytes(blocks: np.ndarray, tokenizer) -> int:
     Bits per byte divide the validation loss by these. Only a character split by a block's
     edge can decode differently from the raw text (as one replacement character).
     """
-    predicted = blocks[:, 1:]
-    is_eos = predicted == tokenizer.eos_token_id
-    texts = tokenizer.backend_tokenizer.decode_batch(
-        [row[~eos].tolist() for row, eos in zip(predicted, is_eos, strict=True)],
-        skip_special_tokens=False,
-    )
-    return sum(len(text.encode()) for text in texts) + int(is_eos.sum())
+    num_bytes = 0
+    # A thousand blocks at a time: the token lists take ~36 bytes a token.
+    for start in range(0, len(blocks), 1000):
+        predicted = blocks[start : start + 1000, 1:]
+        is_eos = predicted == tokenizer.eos_token_id
+        texts = tokenizer.backend_tokenizer.decode_batch(
+            [row[~eos].tolist() for row, eos in zip(predicted, is_eos, strict=True)],
+            skip_special_tokens=False,
+        )
+        num_bytes += sum(len(text.encode()) for text in texts) + int(is_eos.sum())
+    return num_bytes
 
 
-def unigram_entropy(token_ids: np.ndarray, vocab_size: int) -> float:
+def unigram_entropy(token_counts: np.ndarray) -> float:
     """Entropy in nats of the token frequencies: the cross-entropy floor of a context-free model."""
-    counts = np.bincount(token_ids, minlength=vocab_size)
-    probabilities = counts[counts > 0] / len(token_ids)
+    probabilities = token_counts[token_counts > 0] / token_counts.sum()
     return float(-(probabilities * np.log(probabilities)).sum())
 
 
-def blocks_dataset(blocks: np.ndarray) -> datasets.Dataset:
-    """A Dataset of one fixed-length int32 column `input_ids` from a [num_blocks, block_size]
-    array, without a round trip through Python lists."""
-    block_size = blocks.shape[1]
-    flat = pa.array(np.ascontiguousarray(blocks, dtype=np.int32).reshape(-1))
+def save_split(
+    folder: Path, split: str, selected: np.ndarray, block_size: int, fingerprint: str
+) -> Iterator[np.ndarray]:
+    """Write the `selected` blocks of a split's token stream as `Dataset.save_to_disk` writes a
+    dataset of one fixed-length int32 column `input_ids` (the same shards, record batches and
+    metadata, read back by `load_from_disk`), one shard in memory at a time; yield each
+    shard's blocks once written."""
     features = datasets.Features(
         {"input_ids": datasets.List(datasets.Value("int32"), length=block_size)}
     )
-    return datasets.Dataset.from_dict(
-        {"input_ids": pa.FixedSizeListArray.from_arrays(flat, block_size)}, features=features
+    num_bytes = len(selected) * block_size * np.dtype(np.int32).itemsize
+    max_shard_bytes = convert_file_size_to_int(datasets.config.MAX_SHARD_SIZE)
+    num_shards = min(len(selected), num_bytes // max_shard_bytes + 1)
+    batch_size = min(
+        datasets.config.DEFAULT_MAX_BATCH_SIZE,
+        get_writer_batch_size_from_data_size(len(selected), num_bytes),
     )
+    names = [f"data-{index:05d}-of-{num_shards:05d}.arrow" for index in range(num_shards)]
+    (folder / split).mkdir()
+    for name, rows in zip(names, np.array_split(selected, num_shards), strict=True):
+        packed, _ = pack_blocks(
+            np.memmap(folder / STREAM_FILE.format(split), np.int32, "r"), block_size
+        )
+        blocks = packed[rows]  # a copy: the mapped file is let go with `packed`
+        del packed
+        values = pa.FixedSizeListArray.from_arrays(pa.array(blocks.reshape(-1)), block_size)
+        with ArrowWriter(features=features, path=str(folder / split / name)) as writer:
+            writer.write_table(pa.table({"input_ids": values}), batch_size)
+            writer.finalize()
+        yield blocks
+    state = {"_data_files": [{"filename": name} for name in names], "_fingerprint": fingerprint}
+    state |= {"_format_columns": None, "_format_kwargs": {}, "_format_type": None}
+    state |= {"_output_all_columns": False, "_split": None}
+    (folder / split / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+    info = asdict(DatasetInfo(features=features))
+    info_text = json.dumps({key: info[key] for key in sorted(info)}, indent=2)
+    (folder / split / "dataset_info.json").write_text(info_text)
