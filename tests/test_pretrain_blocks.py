@@ -1,5 +1,6 @@
 """Packed blocks: packing invariants, split, budget, cache reuse and invalidation, bad input."""
 
+import contextlib
 import functools
 import json
 import logging
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from pretrain_runs import REPO_ROOT
+from pretrain_runs import REPO_ROOT, run_script_command, subprocess_env, tiny_run_argv
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -600,3 +601,60 @@ def test_sigterm_while_preparing_stops_at_once_and_keeps_nothing(tiny_tokenizer_
     assert "stopped by SIGTERM while preparing blocks; nothing was kept" in stderr
     # Nothing kept, not even the unfinished folder: at most the lock file the kernel released.
     assert [path.name for path in cache_dir.iterdir() if not path.name.endswith(".lock")] == []
+
+
+@contextlib.contextmanager
+def small_disk(mount_point: Path, size: str):
+    """A real tmpfs of `size` at `mount_point` (mounting needs root; CI runs as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)
+
+
+@pytest.mark.system
+@pytest.mark.parametrize(
+    ("command", "disk_size"),
+    [("prepare-blocks", "0"), ("prepare-blocks", "96k"), ("prepare-blocks", "200k"),
+     ("prepare-blocks", "1m"),
+     ("pretrain/run.py", "96k")],
+)  # fmt: skip
+def test_a_full_disk_while_packing_is_one_line_exit_3_and_nothing_kept(
+    command, disk_size, wos_corpus_dir, tiny_tokenizer_dir, tmp_path
+):
+    """The cache folder on a real small disk, full from the start ("0": a 4 KiB tmpfs filled
+    first), while the token stream is written (96k), while it is split (200k), while the
+    blocks are written (1m: the budget repeats the corpus ten times over)."""
+    with small_disk(tmp_path / "small_disk", "4k" if disk_size == "0" else disk_size) as disk:
+        if disk_size == "0":
+            with contextlib.suppress(OSError), (disk / "filler").open("wb") as filler:
+                filler.write(bytes(1 << 20))
+        cache_dir = disk / "cache"
+        paths = {"corpus_dir": wos_corpus_dir, "tokenizer_dir": tiny_tokenizer_dir,
+                 "cache_dir": cache_dir, "output_dir": tmp_path / "run"}  # fmt: skip
+        if command == "prepare-blocks":
+            argv = ["--corpus", str(wos_corpus_dir), "--tokenizer_dir", str(tiny_tokenizer_dir),
+                    "--cache_dir", str(cache_dir), "--block_size", str(BLOCK_SIZE),
+                    "--max_train_tokens", "400000", "--repeat_corpus"]  # fmt: skip
+            full_command = [sys.executable, "-m", "pretrain.blocks.prepare", *argv]
+        else:
+            full_command = run_script_command(tiny_run_argv(**paths))
+        finished = subprocess.run(
+            full_command, env=subprocess_env(), capture_output=True, text=True
+        )
+        assert finished.returncode == 3, finished.stderr[-3000:]
+        errors = [line for line in finished.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in finished.stderr, finished.stderr[-3000:]
+        assert f"cannot write packed blocks in {cache_dir}: no space left on device (" in errors[0]
+        assert "MiB free there, nothing kept" in errors[0]
+        kept = [path.name for path in cache_dir.iterdir()] if cache_dir.exists() else []
+        assert [name for name in kept if not name.endswith(".lock")] == []

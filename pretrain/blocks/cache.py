@@ -16,9 +16,11 @@ a given cache at a time (a lock beside it); the others wait and reuse it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -30,7 +32,7 @@ from typing import Any
 
 import datasets
 
-from common.cli import InputError
+from common.cli import InputError, RunFailed
 from common.corpus import CorpusArguments, corpus_fingerprint
 from common.files import atomic_dir, damage_in, exclusive_lock
 from common.run_contract import DOCUMENT_SPLIT_FILE
@@ -72,7 +74,8 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
     key = cache_key(fingerprint, tokenizer_digest, data_args)
     folder = cache_root / f"{CACHE_FOLDER_PREFIX}-{data_args.block_size}-{key}"
     # One process builds a cache folder at a time; the others wait, then reuse it.
-    with exclusive_lock(cache_root / f".{folder.name}.lock", wait=True):
+    lock = cache_root / f".{folder.name}.lock"
+    with full_disk_as_run_failed(cache_root), exclusive_lock(lock, wait=True):
         if (folder / STATS_FILE).is_file():
             damage = cache_damage(folder)
             if damage is None:
@@ -149,6 +152,23 @@ def stop_cleanly_on_termination() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def full_disk_as_run_failed(cache_root: Path) -> Iterator[None]:
+    """A disk (or quota, or file size limit) that fills up while the cache is written is one
+    line naming the folder and its free space, once the unfinished build is removed."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        free = shutil.disk_usage(cache_root).free
+        raise RunFailed(
+            f"cannot write packed blocks in {cache_root}: {os.strerror(err.errno).lower()} "
+            f"({free / 2**20:,.1f} MiB free there, nothing kept); free space or pass "
+            "--cache_dir on a larger disk"
+        ) from None
 
 
 def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
