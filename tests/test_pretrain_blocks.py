@@ -371,6 +371,18 @@ def test_changed_block_size_or_tokenizer_builds_a_new_cache(built, corpus_args, 
     )
 
 
+def test_a_reindented_tokenizer_is_the_same_tokenizer(built, corpus_args, tmp_path):
+    data_args, folder = built
+    reindented = tmp_path / "tokenizer"
+    shutil.copytree(data_args.tokenizer_dir, reindented)
+    for path in reindented.glob("*.json"):
+        path.write_text(json.dumps(json.loads(path.read_text()), indent=7, sort_keys=True))
+    assert (reindented / "tokenizer.json").read_bytes() != (
+        Path(data_args.tokenizer_dir) / "tokenizer.json"
+    ).read_bytes()
+    assert prepare_blocks(corpus_args, data_args_for(reindented, folder.parent)) == folder
+
+
 def test_nul_bytes_in_the_text_are_kept_and_recorded(wos_corpus_dir, tiny_tokenizer_dir, tmp_path):
     lines = (wos_corpus_dir / "WOS46985" / "X.txt").read_text(encoding="utf-8").splitlines()
     corpus = write_lines(tmp_path / "nul.txt", [lines[0] + "\0\0", *lines[1:]])

@@ -4,7 +4,7 @@ its inputs are the same and its files whole.
     prepare-blocks --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer \\
         --max_train_tokens 12000000
 
-The cache folder's name is a hash of the corpus fingerprint, the tokenizer files' bytes, the
+The cache folder's name is a hash of the corpus fingerprint, the tokenizer files' content, the
 block size, the split and budget settings and `PIPELINE_VERSION`; the folder is written under a
 temporary name and renamed when complete, so a build that was interrupted is never reused.
 `stats.json` inside it records the counts (documents, tokens, bytes per split), the dropped
@@ -209,12 +209,23 @@ def check_writable(folder: Path) -> None:
 
 
 def tokenizer_files_digest(tokenizer_dir: str | Path) -> str:
-    """SHA-256 over the names and bytes of the tokenizer files in the folder."""
+    """SHA-256 over the names and contents of the tokenizer files in the folder; a JSON file's
+    content is its parsed value serialised canonically, so a re-indented or re-ordered
+    `tokenizer.json` is the same tokenizer."""
     digest = hashlib.sha256()
     for name in TOKENIZER_FILE_NAMES:
         path = Path(tokenizer_dir) / name
-        if path.is_file():
-            digest.update(name.encode() + b"\0" + path.read_bytes())
+        if not path.is_file():
+            continue
+        content = path.read_bytes()
+        if path.suffix == ".json":
+            try:
+                content = json.dumps(json.loads(content), sort_keys=True).encode()
+            except ValueError as err:
+                raise InputError(
+                    f"tokenizer folder {tokenizer_dir} cannot be loaded: {name} is not JSON ({err})"
+                ) from None
+        digest.update(name.encode() + b"\0" + content)
     return digest.hexdigest()
 
 
