@@ -1,35 +1,41 @@
-"""Packed-block preparation: our pipeline vs the `run_clm.py` recipe, side by side in one run.
+"""Packed-block preparation side by side: time, CPU and peak memory of `prepare-blocks` against
+an earlier commit's code, the `run_clm.py` recipe and the tokenizer alone, at several sizes.
 
-    python bench/prepare.py                      # synthetic WoS-sized corpus (60 MB), 3 repeats
+    python bench/prepare.py --sizes_mb 20 200 2000 --tokenizer_vocab_size 8192  # before, after
+    python bench/prepare.py --sizes_mb 60 --contenders after recipe tokenizer --repeats 3
     python bench/prepare.py --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer
 
-Both start from the corpus path and end with blocks saved by `save_to_disk`, read with the same
-reader and the same tokenizer:
-- ours: `pretrain.blocks.cache.prepare_blocks` (fresh cache folder each time);
-- the recipe users copy from transformers' `examples/pytorch/language-modeling/run_clm.py`:
+Each contender is a child process that goes from the corpus path to blocks saved on disk; the
+kernel measures it (`wait4`: wall seconds, CPU seconds of all its threads, peak resident
+memory):
+- after: `prepare-blocks` of this checkout, into a fresh cache folder;
+- before: `prepare-blocks` of `--baseline_commit` (exported with `git archive`); its Arrow
+  files and document split must be byte-identical to after's (`identical_blocks`);
+- recipe: transformers' `examples/pytorch/language-modeling/run_clm.py` recipe:
   `train_test_split`, `map(tokenize_function, batched=True)`, then `map(group_texts,
-  batched=True)`, which concatenates Python lists per map batch, drops a remainder per batch
-  and stores `labels` as a copy of `input_ids` (it also adds no end-of-text between documents).
-
-The two alternate within each repeat (order swapped every repeat) after a warm-up on a small
-slice, and the ratio is taken per repeat, because the machine is shared and absolute times
-drift. Each repeat also times the tokenizer alone (`encode_batch_fast` over all documents, no
-pipeline): the floor any pipeline with this tokenizer pays. Without `--corpus` the corpus is
-synthesised like `bench/train_tokenizer.py` does (60 MB of WoS-length abstracts recombined
-from the demo text; not the real data), and without `--tokenizer_dir` a byte-level BPE is
-trained on its first `--tokenizer_training_mb` MB with `tokenizer.train`.
+  batched=True)`, which concatenates Python lists per map batch, drops a remainder per batch,
+  stores `labels` as a copy of `input_ids` and adds no end-of-text between documents;
+- tokenizer: `encode_batch_fast` over all documents in batches of 1,000, nothing kept: the
+  floor of any pipeline with this tokenizer.
+`before` and `recipe` hold the corpus and its tokens in memory: they are skipped above
+`--in_memory_max_mb`. Contenders alternate within each repeat (order reversed every other
+repeat), after a warm-up on 2,000 documents, because the machine is shared and absolute times
+drift. Without `--corpus` each size is synthesised like bench/train_tokenizer.py does
+(WoS-length abstracts recombined from the demo text; not the real data), and without
+`--tokenizer_dir` a byte-level BPE is trained on the first `--tokenizer_training_mb` MB.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import resource
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -42,18 +48,18 @@ import datasets  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from train_tokenizer import synthesize_wos_corpus  # noqa: E402  (bench/ is the script folder)
 
-from common.cli import entry_point, parse_args  # noqa: E402
+from common.cli import RunFailed, entry_point, parse_args  # noqa: E402
 from common.corpus import CorpusArguments, iter_documents  # noqa: E402
 from common.system import hardware_description, library_versions  # noqa: E402
 from common.tokenization import load_tokenizer  # noqa: E402
-from pretrain.blocks.args import DataArguments  # noqa: E402
-from pretrain.blocks.cache import prepare_blocks, read_stats  # noqa: E402
+from pretrain.blocks.cache import read_stats  # noqa: E402
 from tokenizer.train import TokenizerArguments, train_tokenizer  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
+CONTENDERS = ("before", "after", "recipe", "tokenizer")
 WARMUP_DOCUMENTS = 2000
-# datasets' default map batch size, used by both pipelines.
+# datasets' default map batch size, used by the recipe and the tokenizer alone.
 MAP_BATCH_SIZE = 1000
 
 
@@ -62,16 +68,29 @@ class BenchArguments:
     corpus: list[str] = field(
         default_factory=list,
         metadata={
-            "help": "Corpus to time (any input the corpus reader takes); default: a synthetic "
-            "WoS-sized corpus."
+            "help": "Corpus to time (any input the corpus reader takes); default: synthetic."
+        },
+    )
+    sizes_mb: list[float] = field(
+        default_factory=lambda: [60.0],
+        metadata={"help": "Sizes of the synthetic corpora in MB (1e6 bytes), one run each."},
+    )
+    contenders: list[str] = field(
+        default_factory=lambda: ["before", "after"],
+        metadata={"help": "Which pipelines to time.", "choices": CONTENDERS},
+    )
+    baseline_commit: str = field(
+        default="861b422", metadata={"help": "The commit whose code is the `before` contender."}
+    )
+    in_memory_max_mb: float = field(
+        default=250.0,
+        metadata={
+            "help": "Largest corpus (MB) for `before` and `recipe`, which hold it in memory."
         },
     )
     tokenizer_dir: str | None = field(
         default=None,
         metadata={"help": "Tokenizer folder to use; default: train one on the corpus's start."},
-    )
-    synthetic_mb: float = field(
-        default=60.0, metadata={"help": "Size of the synthetic corpus in MB (1e6 bytes)."}
     )
     tokenizer_vocab_size: int = field(
         default=32768, metadata={"help": "Vocabulary of the tokenizer trained when none is given."}
@@ -81,42 +100,32 @@ class BenchArguments:
     )
     block_size: int = field(default=1024, metadata={"help": "Tokens per block."})
     validation_fraction: float = field(
-        default=0.005, metadata={"help": "Share of documents held out, in both pipelines."}
+        default=0.005, metadata={"help": "Share of documents held out, in every pipeline."}
     )
-    num_proc: int | None = field(
-        default=None, metadata={"help": "map num_proc, the same for both pipelines."}
-    )
-    repeats: int = field(default=3, metadata={"help": "Side-by-side repeats."})
+    repeats: int = field(default=1, metadata={"help": "Side-by-side repeats per size."})
     output_json: str | None = field(
         default=None, metadata={"help": "Also write the results to this JSON file."}
     )
+    child: str | None = field(
+        default=None,
+        metadata={"help": "Internal: run this contender here and print its result as JSON."},
+    )
+    output_dir: str | None = field(default=None, metadata={"help": "Internal: the child's output."})
 
 
-def run_clm_recipe(
-    corpus: list[str],
-    tokenizer_dir: str,
-    output_dir: Path,
-    block_size: int,
-    validation_fraction: float,
-    num_proc: int | None,
-) -> dict[str, Any]:
+def run_clm_recipe(args: BenchArguments) -> dict[str, Any]:
     """The tokenize + group_texts recipe of transformers' run_clm.py, from corpus to disk."""
-    stage_started = time.perf_counter()
-    stage_seconds = {}
-    tokenizer = load_tokenizer(tokenizer_dir)
-    documents = list(iter_documents(CorpusArguments(corpus=corpus)))
-    stage_seconds["read"] = time.perf_counter() - stage_started
-    stage_started = time.perf_counter()
+    tokenizer = load_tokenizer(args.tokenizer_dir)
+    documents = list(iter_documents(CorpusArguments(corpus=args.corpus)))
     raw = datasets.Dataset.from_dict({"text": documents})
-    raw = raw.train_test_split(test_size=validation_fraction, seed=0)
+    raw = raw.train_test_split(test_size=args.validation_fraction, seed=0)
     raw = datasets.DatasetDict(train=raw["train"], validation=raw["test"])
 
     def tokenize_function(examples):
         return tokenizer(examples["text"])
 
-    tokenized = raw.map(tokenize_function, batched=True, num_proc=num_proc, remove_columns=["text"])
-    stage_seconds["tokenize"] = time.perf_counter() - stage_started
-    stage_started = time.perf_counter()
+    tokenized = raw.map(tokenize_function, batched=True, remove_columns=["text"])
+    block_size = args.block_size
 
     def group_texts(examples):
         # Concatenate all texts.
@@ -132,90 +141,72 @@ def run_clm_recipe(
         result["labels"] = result["input_ids"].copy()
         return result
 
-    lm_datasets = tokenized.map(group_texts, batched=True, num_proc=num_proc)
-    stage_seconds["pack"] = time.perf_counter() - stage_started
-    stage_started = time.perf_counter()
-    lm_datasets.save_to_disk(str(output_dir))
-    stage_seconds["save"] = time.perf_counter() - stage_started
+    lm_datasets = tokenized.map(group_texts, batched=True)
+    lm_datasets.save_to_disk(args.output_dir)
     num_tokens = sum(
         pc.sum(pc.list_value_length(split.data.column("input_ids"))).as_py()
         for split in tokenized.values()
     )
     num_blocks = sum(len(split) for split in lm_datasets.values())
-    return {
-        "num_blocks": num_blocks,
-        "num_tokens": num_tokens,
-        "num_dropped_tokens": num_tokens - num_blocks * block_size,
-        "stage_seconds": {name: round(value, 3) for name, value in stage_seconds.items()},
-    }
+    return {"num_blocks": num_blocks, "num_dropped_tokens": num_tokens - num_blocks * block_size}
 
 
-def run_ours(
-    corpus: list[str],
-    tokenizer_dir: str,
-    cache_dir: Path,
-    block_size: int,
-    validation_fraction: float,
-    num_proc: int | None,
-) -> dict[str, Any]:
-    """`prepare_blocks` into an empty cache folder, then once more to time the reuse."""
-    corpus_args = CorpusArguments(corpus=corpus)
-    data_args = DataArguments(
-        tokenizer_dir=tokenizer_dir,
-        cache_dir=str(cache_dir),
-        block_size=block_size,
-        n_positions=max(1024, block_size),
-        validation_fraction=validation_fraction,
-        num_proc=num_proc,
-    )
-    folder = prepare_blocks(corpus_args, data_args)
-    started = time.perf_counter()
-    prepare_blocks(corpus_args, data_args)
-    reuse_seconds = time.perf_counter() - started
-    stats = read_stats(folder)
-    splits = stats["splits"].values()
-    return {
-        "num_blocks": sum(split["num_blocks"] for split in splits),
-        "num_tokens": stats["num_tokens"],
-        "num_bytes": stats["num_bytes"],
-        "num_documents": stats["num_documents"],
-        "num_dropped_tokens": sum(split["num_dropped_tokens"] for split in splits),
-        "reuse_seconds_excluded": round(reuse_seconds, 3),
-        "stage_seconds": stats["seconds"],
-    }
-
-
-def tokenize_only(corpus: list[str], tokenizer_dir: str) -> dict[str, Any]:
+def tokenize_only(args: BenchArguments) -> dict[str, Any]:
     """The tokenizer alone over every document, in the map's batches of 1,000 documents (one
     call for the whole corpus is slower): the cost no pipeline with this tokenizer avoids."""
-    backend = load_tokenizer(tokenizer_dir).backend_tokenizer
-    documents = list(iter_documents(CorpusArguments(corpus=corpus)))
-    started = time.perf_counter()
+    backend = load_tokenizer(args.tokenizer_dir).backend_tokenizer
+    documents = list(iter_documents(CorpusArguments(corpus=args.corpus)))
     num_tokens = 0
     for start in range(0, len(documents), MAP_BATCH_SIZE):
         batch = documents[start : start + MAP_BATCH_SIZE]
         num_tokens += sum(map(len, backend.encode_batch_fast(batch, add_special_tokens=False)))
-    seconds = time.perf_counter() - started
-    return {"tokenizer_seconds": round(seconds, 3), "num_tokens": num_tokens}
+    return {"num_tokens": num_tokens}
 
 
-def timed(function: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run `function`; add wall seconds and CPU seconds (all threads, and child processes)."""
-
-    def cpu_seconds() -> float:
-        usages = [
-            resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-        ]
-        return sum(usage.ru_utime + usage.ru_stime for usage in usages)
-
-    cpu_started = cpu_seconds()
+def measure(name: str, corpus: list[str], args: BenchArguments, output_dir: Path, roots) -> dict:
+    """Run one contender as a child process; its result, wall and CPU seconds and peak RSS."""
+    settings = ["--corpus", *corpus, "--tokenizer_dir", args.tokenizer_dir,
+                "--block_size", str(args.block_size),
+                "--validation_fraction", str(args.validation_fraction)]  # fmt: skip
+    if name in ("before", "after"):
+        command = [sys.executable, "-m", "pretrain.blocks.prepare", *settings]
+        command += ["--cache_dir", str(output_dir)]
+    else:
+        command = [sys.executable, str(Path(__file__).resolve()), "--child", name, *settings]
+        command += ["--output_dir", str(output_dir)]
+    root = roots.get(name, REPO_ROOT)  # `python -m` puts the working folder first on sys.path
+    env = {**os.environ, "PYTHONPATH": str(root)}
     started = time.perf_counter()
-    result = function()
-    result["wall_seconds"] = round(time.perf_counter() - started, 3)
-    result["cpu_seconds"] = round(cpu_seconds() - cpu_started, 3)
-    # The reuse call inside run_ours is not part of the build time.
-    result["wall_seconds"] -= result.get("reuse_seconds_excluded", 0.0)
-    return result
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(
+            command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log, text=True
+        )
+        printed = process.stdout.read()
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            log.seek(0)
+            raise RunFailed(f"{name} failed ({process.returncode}): {log.read()[-2000:]}")
+    result = {
+        "wall_seconds": round(time.perf_counter() - started, 2),
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+    }
+    if name not in ("before", "after"):
+        return {**result, **json.loads(printed)}
+    stats = read_stats(printed.strip())
+    splits = stats["splits"].values()
+    # The blocks and the split: every file but the ones with fingerprints or timings.
+    blocks = {path: record for path, record in stats["files"].items() if "state" not in path}
+    return {
+        **result,
+        "num_blocks": sum(split["num_blocks"] for split in splits),
+        "num_dropped_tokens": sum(split["num_dropped_tokens"] for split in splits),
+        "num_tokens": stats["num_tokens"],
+        "num_documents": stats["num_documents"],
+        "stage_seconds": stats["seconds"],
+        "files": blocks,
+    }
 
 
 def write_corpus_slice(corpus: list[str], path: Path, max_documents: int | None, max_mb: float):
@@ -230,123 +221,111 @@ def write_corpus_slice(corpus: list[str], path: Path, max_documents: int | None,
     return path
 
 
-def compare(args: BenchArguments, corpus: list[str], tokenizer_dir: str, work_dir: Path):
-    settings = (args.block_size, args.validation_fraction, args.num_proc)
-    warmup_corpus = [
-        str(write_corpus_slice(corpus, work_dir / "warmup.txt", WARMUP_DOCUMENTS, 1e9))
+def compare(args: BenchArguments, corpus: list[str], size_mb: float, work_dir: Path, roots):
+    """The contenders side by side on one corpus, `args.repeats` times; one row per repeat."""
+    contenders = [
+        name
+        for name in args.contenders
+        if size_mb <= args.in_memory_max_mb or name not in ("before", "recipe")
     ]
-    run_ours(warmup_corpus, tokenizer_dir, work_dir / "warmup_ours", *settings)
-    run_clm_recipe(warmup_corpus, tokenizer_dir, work_dir / "warmup_recipe", *settings)
+    warmup = [str(write_corpus_slice(corpus, work_dir / "warmup.txt", WARMUP_DOCUMENTS, 1e9))]
+    for name in contenders:
+        measure(name, warmup, args, work_dir / f"warmup-{name}", roots)
     repeats = []
     for repeat in range(args.repeats):
-        contenders = {
-            "ours": lambda r=repeat: run_ours(
-                corpus, tokenizer_dir, work_dir / f"ours{r}", *settings
-            ),
-            "run_clm_recipe": lambda r=repeat: run_clm_recipe(
-                corpus, tokenizer_dir, work_dir / f"recipe{r}", *settings
-            ),
+        order = contenders if repeat % 2 == 0 else contenders[::-1]
+        results = {
+            name: measure(name, corpus, args, work_dir / f"{name}{repeat}", roots) for name in order
         }
-        order = list(contenders) if repeat % 2 == 0 else list(contenders)[::-1]
-        results = {name: timed(contenders[name]) for name in order}
-        results["tokenizer_only"] = timed(lambda: tokenize_only(corpus, tokenizer_dir))
-        for measure in ("wall_seconds", "cpu_seconds"):
-            results[f"recipe_over_ours_{measure}"] = round(
-                results["run_clm_recipe"][measure] / results["ours"][measure], 2
-            )
-        logger.info("repeat %d: %s", repeat, json.dumps(results))
+        if {"before", "after"} <= set(results):
+            same = results["before"]["files"] == results["after"]["files"]
+            results["after"]["identical_blocks"] = same
+        for result in results.values():
+            result.pop("files", None)
+        logger.info("%s MB, repeat %d: %s", size_mb, repeat, json.dumps(results))
         repeats.append(results)
     return repeats
 
 
-def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
-    def walls(name: str) -> list[float]:
-        return [repeat[name]["wall_seconds"] for repeat in repeats]
+def spread(values: list[float]) -> str:
+    """One value as is; several as min / median / max."""
+    values = sorted(values)
+    if len(values) == 1:
+        return f"{values[0]:,}"
+    return f"{values[0]:,} / {statistics.median(values):,} / {values[-1]:,}"
 
-    def after_tokenization(result: dict[str, Any]) -> float:
-        return result["stage_seconds"]["pack"] + result["stage_seconds"]["save"]
 
-    ours, recipe = repeats[0]["ours"], repeats[0]["run_clm_recipe"]
-    tokenizer_floor = statistics.median(walls("tokenizer_only"))
-    return {
-        "median_ratio_recipe_over_ours_cpu": statistics.median(
-            r["recipe_over_ours_cpu_seconds"] for r in repeats
-        ),
-        "ratios_recipe_over_ours_cpu": [r["recipe_over_ours_cpu_seconds"] for r in repeats],
-        "median_ratio_recipe_over_ours_wall": statistics.median(
-            r["recipe_over_ours_wall_seconds"] for r in repeats
-        ),
-        "ratios_recipe_over_ours_wall": [r["recipe_over_ours_wall_seconds"] for r in repeats],
-        "median_ratio_pack_and_save_recipe_over_ours_wall": round(
-            statistics.median(
-                after_tokenization(r["run_clm_recipe"]) / after_tokenization(r["ours"])
-                for r in repeats
-            ),
-            2,
-        ),
-        "ours_best_seconds": min(walls("ours")),
-        "ours_median_seconds": statistics.median(walls("ours")),
-        "recipe_best_seconds": min(walls("run_clm_recipe")),
-        "recipe_median_seconds": statistics.median(walls("run_clm_recipe")),
-        "tokenizer_only_median_seconds": tokenizer_floor,
-        "ours_median_over_tokenizer_only": round(
-            statistics.median(walls("ours")) / tokenizer_floor, 2
-        ),
-        "recipe_median_over_tokenizer_only": round(
-            statistics.median(walls("run_clm_recipe")) / tokenizer_floor, 2
-        ),
-        "ours_cpu_seconds_median": statistics.median(r["ours"]["cpu_seconds"] for r in repeats),
-        "recipe_cpu_seconds_median": statistics.median(
-            r["run_clm_recipe"]["cpu_seconds"] for r in repeats
-        ),
-        "tokenizer_only_cpu_seconds_median": statistics.median(
-            r["tokenizer_only"]["cpu_seconds"] for r in repeats
-        ),
-        "ours_reuse_seconds": min(r["ours"]["reuse_seconds_excluded"] for r in repeats),
-        "ours_blocks": ours["num_blocks"],
-        "ours_dropped_tokens": ours["num_dropped_tokens"],
-        "recipe_blocks": recipe["num_blocks"],
-        "recipe_dropped_tokens": recipe["num_dropped_tokens"],
-    }
+def summary_table(rows: dict[str, list[dict[str, Any]]]) -> str:
+    """Markdown: per corpus and contender, each measure over the repeats; the blocks made."""
+    lines = [
+        "| corpus | contender | wall seconds | CPU seconds | peak RSS (MB) | blocks (dropped) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for corpus, repeats in rows.items():
+        for name in [name for name in CONTENDERS if name in repeats[0]]:
+            cells = [
+                spread([repeat[name][measure] for repeat in repeats])
+                for measure in ("wall_seconds", "cpu_seconds", "peak_rss_mb")
+            ]
+            first = repeats[0][name]
+            blocks = ""
+            if "num_blocks" in first:
+                blocks = f"{first['num_blocks']:,} ({first['num_dropped_tokens']:,})"
+            if "identical_blocks" in first:
+                same = all(repeat[name]["identical_blocks"] for repeat in repeats)
+                blocks += ", byte-identical to before" if same else ", DIFFERENT from before"
+            cells.append(blocks)
+            lines.append("| " + " | ".join([corpus, name, *cells]) + " |")
+    return "\n".join(lines)
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     (args,) = parse_args([BenchArguments], argv, description=__doc__, prog="bench/prepare.py")
     datasets.disable_progress_bars()
+    if args.child is not None:
+        print(json.dumps({"recipe": run_clm_recipe, "tokenizer": tokenize_only}[args.child](args)))
+        return 0
+    # The children run in other folders: every path absolute.
+    args.corpus = [str(Path(path).absolute()) for path in args.corpus]
+    if args.tokenizer_dir is not None:
+        args.tokenizer_dir = str(Path(args.tokenizer_dir).absolute())
+    rows = {}
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
         work_dir = Path(tmp)
-        corpus = args.corpus
-        if not corpus:
-            size_bytes = int(args.synthetic_mb * 1e6)
-            corpus = [str(synthesize_wos_corpus(work_dir / "corpus", size_bytes))]
-        tokenizer_dir = args.tokenizer_dir
-        if tokenizer_dir is None:
-            training_slice = write_corpus_slice(
-                corpus, work_dir / "tokenizer_text.txt", None, args.tokenizer_training_mb
-            )
-            tokenizer_dir = str(work_dir / "tokenizer")
-            train_tokenizer(
-                CorpusArguments(corpus=[str(training_slice)]),
-                TokenizerArguments(output_dir=tokenizer_dir, vocab_size=args.tokenizer_vocab_size),
-                show_progress=False,
-            )
-        vocab_size = len(load_tokenizer(tokenizer_dir))
-        repeats = compare(args, corpus, tokenizer_dir, work_dir)
-    result = {
-        "corpus": args.corpus or f"synthetic WoS-sized corpus ({args.synthetic_mb} MB)",
-        "corpus_mb": round(repeats[0]["ours"]["num_bytes"] / 1e6, 1),
-        "num_documents": repeats[0]["ours"]["num_documents"],
-        "vocab_size": vocab_size,
-        "summary": summarize(repeats),
-        "repeats": repeats,
-        "config": asdict(args),
-        "hardware": hardware_description(),
-        "versions": library_versions(),
-    }
+        roots = {"before": work_dir / "baseline"}
+        roots["before"].mkdir()
+        export = f"git -C {REPO_ROOT} archive {args.baseline_commit} | tar -x -C {roots['before']}"
+        subprocess.run(export, shell=True, check=True)
+        for size_mb in [None] if args.corpus else args.sizes_mb:
+            corpus = args.corpus or [
+                str(synthesize_wos_corpus(work_dir / f"corpus{size_mb}", int(size_mb * 1e6)))
+            ]
+            if args.tokenizer_dir is None:
+                training_slice = write_corpus_slice(
+                    corpus, work_dir / "tokenizer_text.txt", None, args.tokenizer_training_mb
+                )
+                args.tokenizer_dir = str(work_dir / "tokenizer")
+                train_tokenizer(
+                    CorpusArguments(corpus=[str(training_slice)]),
+                    TokenizerArguments(
+                        output_dir=args.tokenizer_dir, vocab_size=args.tokenizer_vocab_size
+                    ),
+                    show_progress=False,
+                )
+            size_work_dir = work_dir / f"runs{size_mb}"
+            size_work_dir.mkdir()
+            label = ", ".join(args.corpus) if args.corpus else f"{size_mb:g} MB synthetic"
+            rows[label] = compare(args, corpus, size_mb or 0.0, size_work_dir, roots)
+            shutil.rmtree(size_work_dir)
+            shutil.rmtree(work_dir / f"corpus{size_mb}", ignore_errors=True)
+        vocab_size = len(load_tokenizer(args.tokenizer_dir))
+    table = summary_table(rows)
+    result = {"vocab_size": vocab_size, "table": table, "runs": rows, "config": asdict(args),
+              "hardware": hardware_description(), "versions": library_versions()}  # fmt: skip
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps({"vocab_size": vocab_size, **result["summary"]}, indent=2))
+    print(table)
     return 0
 
 
