@@ -5,24 +5,22 @@ an earlier commit's code, the `run_clm.py` recipe and the tokenizer alone, at se
     python bench/prepare.py --sizes_mb 60 --contenders after recipe tokenizer --repeats 3
     python bench/prepare.py --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer
 
-Each contender is a child process that goes from the corpus path to blocks saved on disk; the
-kernel measures it (`wait4`: wall seconds, CPU seconds of all its threads, peak resident
-memory):
+Each contender is a child process from the corpus path to blocks on disk, measured by the
+kernel (`wait4`: wall seconds, CPU seconds of all threads, peak resident memory):
 - after: `prepare-blocks` of this checkout, into a fresh cache folder;
 - before: `prepare-blocks` of `--baseline_commit` (exported with `git archive`); its Arrow
-  files and document split must be byte-identical to after's (`identical_blocks`);
-- recipe: transformers' `examples/pytorch/language-modeling/run_clm.py` recipe:
-  `train_test_split`, `map(tokenize_function, batched=True)`, then `map(group_texts,
-  batched=True)`, which concatenates Python lists per map batch, drops a remainder per batch,
-  stores `labels` as a copy of `input_ids` and adds no end-of-text between documents;
+  files and document split must be byte-identical to after's;
+- recipe: transformers' `examples/pytorch/language-modeling/run_clm.py`: `train_test_split`,
+  `map(tokenize_function)`, then `map(group_texts)`, which concatenates Python lists per map
+  batch, drops a remainder per batch, copies `input_ids` as `labels` and adds no end-of-text;
 - tokenizer: `encode_batch_fast` over all documents in batches of 1,000, nothing kept: the
   floor of any pipeline with this tokenizer.
-`before` and `recipe` hold the corpus and its tokens in memory: they are skipped above
+`before` and `recipe` hold the corpus and its tokens in memory: skipped above
 `--in_memory_max_mb`. Contenders alternate within each repeat (order reversed every other
-repeat), after a warm-up on 2,000 documents, because the machine is shared and absolute times
-drift. Without `--corpus` each size is synthesised like bench/train_tokenizer.py does
-(WoS-length abstracts recombined from the demo text; not the real data), and without
-`--tokenizer_dir` a byte-level BPE is trained on the first `--tokenizer_training_mb` MB.
+repeat) after a warm-up on 2,000 documents: the machine is shared and absolute times drift.
+Without `--corpus` each size is synthesised like bench/train_tokenizer.py does (WoS-length
+abstracts recombined from the demo text; not the real data); without `--tokenizer_dir` a
+byte-level BPE is trained on the first `--tokenizer_training_mb` MB.
 """
 
 from __future__ import annotations
@@ -223,11 +221,8 @@ def write_corpus_slice(corpus: list[str], path: Path, max_documents: int | None,
 
 def compare(args: BenchArguments, corpus: list[str], size_mb: float, work_dir: Path, roots):
     """The contenders side by side on one corpus, `args.repeats` times; one row per repeat."""
-    contenders = [
-        name
-        for name in args.contenders
-        if size_mb <= args.in_memory_max_mb or name not in ("before", "recipe")
-    ]
+    too_large = ("before", "recipe") if size_mb > args.in_memory_max_mb else ()
+    contenders = [name for name in args.contenders if name not in too_large]
     warmup = [str(write_corpus_slice(corpus, work_dir / "warmup.txt", WARMUP_DOCUMENTS, 1e9))]
     for name in contenders:
         measure(name, warmup, args, work_dir / f"warmup-{name}", roots)
@@ -313,12 +308,11 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                     show_progress=False,
                 )
-            size_work_dir = work_dir / f"runs{size_mb}"
-            size_work_dir.mkdir()
             label = ", ".join(args.corpus) if args.corpus else f"{size_mb:g} MB synthetic"
-            rows[label] = compare(args, corpus, size_mb or 0.0, size_work_dir, roots)
-            shutil.rmtree(size_work_dir)
-            shutil.rmtree(work_dir / f"corpus{size_mb}", ignore_errors=True)
+            (work_dir / "runs").mkdir()
+            rows[label] = compare(args, corpus, size_mb or 0.0, work_dir / "runs", roots)
+            for used in ("runs", f"corpus{size_mb}"):  # the next size needs the disk
+                shutil.rmtree(work_dir / used, ignore_errors=True)
         vocab_size = len(load_tokenizer(args.tokenizer_dir))
     table = summary_table(rows)
     result = {"vocab_size": vocab_size, "table": table, "runs": rows, "config": asdict(args),

@@ -365,14 +365,10 @@ def _zip_source(path: Path, subset: str) -> TextSource:
     """
     with _damaged_zip_data_as_input_error(str(path)):
         outer = zipfile.ZipFile(path)
-        inner_names = sorted(
-            name
-            for name in outer.namelist()
-            if name.lower().endswith(".zip") and not name.startswith("__MACOSX/")
-        )
         inner_archives = (
             (zipfile.ZipFile(io.BytesIO(outer.read(name))), f"{path}!{name}")
-            for name in inner_names
+            for name in sorted(outer.namelist())
+            if name.lower().endswith(".zip") and not name.startswith("__MACOSX/")
         )
         for archive, label in itertools.chain([(outer, str(path))], inner_archives):
             member = _find_wos_member(archive, subset, label)

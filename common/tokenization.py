@@ -80,9 +80,7 @@ def tokenize_stream(
     # document separators in the stream are the ones appended here.
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.encode_special_tokens = True
-    pieces: list[str] = []
-    ends_document: list[bool] = []
-    num_chars = 0
+    pieces, ends_document, num_chars = [], [], 0
     for document in documents:
         for piece, is_last in cut_into_pieces(document):
             pieces.append(piece)

@@ -124,11 +124,8 @@ def build_blocks(
     is_validation = choose_validation_documents(
         hashes, document_lengths, data_args.validation_fraction, data_args.block_size
     )
-    num_validation_tokens = int(document_lengths[is_validation].sum())
-    num_split_tokens = {
-        "train": num_tokens - num_validation_tokens,
-        "validation": num_validation_tokens,
-    }
+    num_split_tokens = {"validation": int(document_lengths[is_validation].sum())}
+    num_split_tokens["train"] = num_tokens - num_split_tokens["validation"]
     num_packed = {split: n // data_args.block_size for split, n in num_split_tokens.items()}
     selected = {split: np.arange(n) for split, n in num_packed.items()}
     if data_args.max_train_tokens is not None:
@@ -160,8 +157,7 @@ def build_blocks(
 
     split_stats = {}
     for split in SPLITS:
-        split_is_validation = split == "validation"
-        in_split = is_validation == split_is_validation
+        in_split = is_validation == (split == "validation")
         split_stats[split] = {
             "num_documents": int(np.count_nonzero(in_split)),
             "num_tokens": num_split_tokens[split],
@@ -224,7 +220,7 @@ def route_tokens(
     with whole.open("rb") as source, outputs["train"], outputs["validation"]:
         for start in range(0, int(document_ends[-1]), ROUTE_CHUNK_TOKENS):
             token_ids = np.fromfile(source, np.int32, ROUTE_CHUNK_TOKENS)
-            positions = np.arange(start, start + len(token_ids))
+            positions = np.arange(start, start + len(token_ids))  # -> their documents
             in_validation = is_validation[np.searchsorted(document_ends, positions, "right")]
             for split, in_split in (("train", ~in_validation), ("validation", in_validation)):
                 outputs[split].write(token_ids[in_split])
@@ -357,6 +353,7 @@ def save_split(
     state |= {"_format_columns": None, "_format_kwargs": {}, "_format_type": None}
     state |= {"_output_all_columns": False, "_split": None}
     (folder / split / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-    info = asdict(DatasetInfo(features=features))
-    info_text = json.dumps({key: info[key] for key in sorted(info)}, indent=2)
-    (folder / split / "dataset_info.json").write_text(info_text)
+    info = asdict(DatasetInfo(features=features))  # keys sorted at the first level only
+    (folder / split / "dataset_info.json").write_text(
+        json.dumps(dict(sorted(info.items())), indent=2)
+    )
