@@ -77,7 +77,7 @@ STATS_FILE = "stats.json"
 SPLITS = ("train", "validation")
 # Token streams spilled into the unfinished cache folder while building, removed before the end.
 STREAM_FILE = "{}.int32"
-ROUTE_CHUNK_TOKENS = 1 << 22
+ROUTE_CHUNK_TOKENS = 1 << 20
 
 
 def num_budget_blocks(max_train_tokens: int, block_size: int) -> int:
@@ -300,17 +300,13 @@ def count_predicted_bytes(blocks: np.ndarray, tokenizer) -> int:
     Bits per byte divide the validation loss by these. Only a character split by a block's
     edge can decode differently from the raw text (as one replacement character).
     """
-    num_bytes = 0
-    # A thousand blocks at a time: the token lists take ~36 bytes a token.
-    for start in range(0, len(blocks), 1000):
-        predicted = blocks[start : start + 1000, 1:]
-        is_eos = predicted == tokenizer.eos_token_id
-        texts = tokenizer.backend_tokenizer.decode_batch(
-            [row[~eos].tolist() for row, eos in zip(predicted, is_eos, strict=True)],
-            skip_special_tokens=False,
-        )
-        num_bytes += sum(len(text.encode()) for text in texts) + int(is_eos.sum())
-    return num_bytes
+    predicted = blocks[:, 1:]
+    is_eos = predicted == tokenizer.eos_token_id
+    texts = tokenizer.backend_tokenizer.decode_batch(
+        [row[~eos].tolist() for row, eos in zip(predicted, is_eos, strict=True)],
+        skip_special_tokens=False,
+    )
+    return sum(len(text.encode()) for text in texts) + int(is_eos.sum())
 
 
 def unigram_entropy(token_counts: np.ndarray) -> float:
@@ -324,8 +320,8 @@ def save_split(
 ) -> Iterator[np.ndarray]:
     """Write the `selected` blocks of a split's token stream as `Dataset.save_to_disk` writes a
     dataset of one fixed-length int32 column `input_ids` (the same shards, record batches and
-    metadata, read back by `load_from_disk`), one shard in memory at a time; yield each
-    shard's blocks once written."""
+    metadata, read back by `load_from_disk`), one record batch (<= 1,000 blocks) in memory at a
+    time; yield each batch's blocks once written."""
     features = datasets.Features(
         {"input_ids": datasets.List(datasets.Value("int32"), length=block_size)}
     )
@@ -338,17 +334,18 @@ def save_split(
     )
     names = [f"data-{index:05d}-of-{num_shards:05d}.arrow" for index in range(num_shards)]
     (folder / split).mkdir()
-    for name, rows in zip(names, np.array_split(selected, num_shards), strict=True):
-        packed, _ = pack_blocks(
-            np.memmap(folder / STREAM_FILE.format(split), np.int32, "r"), block_size
-        )
-        blocks = packed[rows]  # a copy: the mapped file is let go with `packed`
-        del packed
-        values = pa.FixedSizeListArray.from_arrays(pa.array(blocks.reshape(-1)), block_size)
+    for name, shard in zip(names, np.array_split(selected, num_shards), strict=True):
         with ArrowWriter(features=features, path=str(folder / split / name)) as writer:
-            writer.write_table(pa.table({"input_ids": values}), batch_size)
+            for start in range(0, len(shard), batch_size):
+                stream = np.memmap(folder / STREAM_FILE.format(split), np.int32, "r")
+                blocks = pack_blocks(stream, block_size)[0][shard[start : start + batch_size]]
+                del stream  # `blocks` is a copy: the pages read are let go with the mapping
+                values = pa.array(blocks.reshape(-1))
+                writer.write_table(
+                    pa.table({"input_ids": pa.FixedSizeListArray.from_arrays(values, block_size)})
+                )
+                yield blocks
             writer.finalize()
-        yield blocks
     state = {"_data_files": [{"filename": name} for name in names], "_fingerprint": fingerprint}
     state |= {"_format_columns": None, "_format_kwargs": {}, "_format_type": None}
     state |= {"_output_all_columns": False, "_split": None}
