@@ -247,7 +247,7 @@ def spread(values: list[float]) -> str:
     values = sorted(values)
     if len(values) == 1:
         return f"{values[0]:,}"
-    return f"{values[0]:,} / {statistics.median(values):,} / {values[-1]:,}"
+    return f"{values[0]:,} / {round(statistics.median(values), 2):,} / {values[-1]:,}"
 
 
 def summary_table(rows: dict[str, list[dict[str, Any]]]) -> str:
