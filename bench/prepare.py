@@ -1,9 +1,9 @@
 """Packed-block preparation side by side: time, CPU and peak memory of `prepare-blocks` against
 an earlier commit's code, the `run_clm.py` recipe and the tokenizer alone, at several sizes.
 
-    python bench/prepare.py --sizes_mb 20 200 2000 --tokenizer_vocab_size 8192  # before, after
-    python bench/prepare.py --sizes_mb 60 --contenders after recipe tokenizer --repeats 3
-    python bench/prepare.py --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer
+    python -m bench.prepare --sizes_mb 20 200 2000 --tokenizer_vocab_size 8192  # before, after
+    python -m bench.prepare --sizes_mb 60 --contenders after recipe tokenizer --repeats 3
+    python -m bench.prepare --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer
 
 Each contender is a child process from the corpus path to blocks on disk, measured by the
 kernel (`wait4`: wall seconds, CPU seconds of all threads, peak resident memory):
@@ -18,7 +18,7 @@ kernel (`wait4`: wall seconds, CPU seconds of all threads, peak resident memory)
 `before` and `recipe` hold the corpus and its tokens in memory: skipped above
 `--in_memory_max_mb`. Contenders alternate within each repeat (order reversed every other
 repeat) after a warm-up on 2,000 documents: the machine is shared and absolute times drift.
-Without `--corpus` each size is synthesised like bench/train_tokenizer.py does (WoS-length
+Without `--corpus` each size is synthesised like bench.train_tokenizer does (WoS-length
 abstracts recombined from the demo text; not the real data); without `--tokenizer_dir` a
 byte-level BPE is trained on the first `--tokenizer_training_mb` MB.
 """
@@ -39,19 +39,17 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import datasets
+import pyarrow.compute as pc
 
-import datasets  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-from train_tokenizer import synthesize_wos_corpus  # noqa: E402  (bench/ is the script folder)
-
-from common.cli import RunFailed, entry_point, parse_args  # noqa: E402
-from common.corpus import CorpusArguments, iter_documents  # noqa: E402
-from common.system import hardware_description, library_versions  # noqa: E402
-from common.tokenization import load_tokenizer  # noqa: E402
-from pretrain.blocks.cache import read_stats  # noqa: E402
-from tokenizer.train import TokenizerArguments, train_tokenizer  # noqa: E402
+from bench.train_tokenizer import synthesize_wos_corpus
+from bench.variants import REPO_ROOT
+from common.cli import RunFailed, entry_point, parse_args
+from common.corpus import CorpusArguments, iter_documents
+from common.system import hardware_description, library_versions
+from common.tokenization import load_tokenizer
+from pretrain.blocks.cache import read_stats
+from tokenizer.train import TokenizerArguments, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +168,7 @@ def measure(name: str, corpus: list[str], args: BenchArguments, output_dir: Path
         command = [sys.executable, "-m", "pretrain.blocks.prepare", *settings]
         command += ["--cache_dir", str(output_dir)]
     else:
-        command = [sys.executable, str(Path(__file__).resolve()), "--child", name, *settings]
+        command = [sys.executable, "-m", "bench.prepare", "--child", name, *settings]
         command += ["--output_dir", str(output_dir)]
     root = roots.get(name, REPO_ROOT)  # `python -m` puts the working folder first on sys.path
     env = {**os.environ, "PYTHONPATH": str(root)}
@@ -276,7 +274,9 @@ def summary_table(rows: dict[str, list[dict[str, Any]]]) -> str:
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    (args,) = parse_args([BenchArguments], argv, description=__doc__, prog="bench/prepare.py")
+    (args,) = parse_args(
+        [BenchArguments], argv, description=__doc__, prog="python -m bench.prepare"
+    )
     datasets.disable_progress_bars()
     if args.child is not None:
         print(json.dumps({"recipe": run_clm_recipe, "tokenizer": tokenize_only}[args.child](args)))
