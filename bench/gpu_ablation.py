@@ -77,7 +77,7 @@ SCALES = {
     "cpu_117m": Scale(
         2, 32768, 8 * 128, 3600,
         ("--block_size", "128", "--per_device_train_batch_size", "1", "--use_cpu", "true",
-         "--per_device_eval_batch_size", "1", "--torch_compile", "false",
+         "--torch_compile", "false",
          "--dataloader_num_workers", "0"),
     ),
 }  # fmt: skip

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import torch
+from torch.utils.data import DataLoader
 from transformers import Trainer
 
 from common.cli import entry_point
@@ -214,17 +215,12 @@ def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
 
 
 def measure(setup: TrainerSetup, plan: RunPlan) -> LoopResult:
-    """Evaluate once (unless the run diverged), then collect what the loop measured.
-
-    The evaluation runs the weights eagerly: compiled, its no-grad forward would be a new graph
-    to compile for a single pass (docs/BENCHMARKS.md measures both).
-    """
+    """Evaluate once (unless the run diverged), then collect what the loop measured."""
     trainer = setup.trainer
     divergence = setup.divergence
     eval_loss = None
     if trainer.eval_dataset is not None and divergence.diverged_at_step is None:
-        with torch.compiler.set_stance("force_eager"):
-            eval_loss = trainer.evaluate()["eval_loss"]
+        eval_loss = evaluate_blocks(trainer)
         setup.clock.budget.lap("final_eval")
     return LoopResult(
         start_step=plan.resumed_from_step,
@@ -240,6 +236,28 @@ def measure(setup: TrainerSetup, plan: RunPlan) -> LoopResult:
         budget=setup.clock.budget,
         checkpoint_saves=setup.manifests.saves,
     )
+
+
+@torch.no_grad()
+def evaluate_blocks(trainer: Trainer) -> float:
+    """The validation loss: the mean of each block's loss, whatever the number of processes.
+
+    Trainer's evaluation averages batch means, and the last batch of a process that accelerate
+    pads with repeated blocks counts them (3 blocks: 6.453 on 2 processes, 6.460 on one); one
+    block per forward, accelerate's `gather_for_metrics` drops the repeats. The weights run
+    eagerly: compiled, a no-grad forward is a new graph to compile for one pass
+    (docs/BENCHMARKS.md measures both).
+    """
+    blocks = DataLoader(trainer.eval_dataset, batch_size=1, collate_fn=collate_blocks)
+    model = trainer.model_wrapped
+    model.eval()
+    losses = []
+    with torch.compiler.set_stance("force_eager"):
+        for batch in trainer.accelerator.prepare(blocks):
+            losses.append(trainer.accelerator.gather_for_metrics(model(**batch).loss[None]))
+    eval_loss = torch.cat(losses).float().mean().item()
+    trainer.log({"eval_loss": eval_loss})  # TensorBoard's eval/loss, the log history
+    return eval_loss
 
 
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainArguments:
