@@ -152,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.InputError(f"{STOP_GRACE_VARIABLE}={grace!r} is not a number of seconds")
     stop = StopSignals(float(grace), run_dir)
     os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"  # SIGTERM, SIGUSR1: ours
-    # torchrun's lines on a failure ("Sending process ... closing signal") say less than ours.
+    # torchrun's lines on a failure ("Sending process ... closing signal") say less than ours;
+    # accelerate lists the launch defaults it filled in (threads per CPU process) on every start.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("accelerate.commands.launch").setLevel(logging.ERROR)
     stderr = HeldErrors()
     codes: dict[int, int] = {}
     try:
