@@ -6,7 +6,6 @@ variant whose log starts with the same flags is read back instead of trained aga
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -18,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.run_contract import GPT_SUMMARY_FILE
+from common.cli import InputError
+from common.run_contract import GPT_SUMMARY_FILE, read_gpt_summary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,7 @@ def finished_earlier(command: list[str], run_dir: Path) -> dict[str, Any] | None
     with log.open(encoding="utf-8") as lines:
         if shlex.split(lines.readline())[2:] != command[2:]:
             return None
-    return json.loads(summary_path.read_text(encoding="utf-8"))
+    return read_gpt_summary(summary_path)
 
 
 def run_variant(
@@ -91,7 +91,10 @@ def run_variant(
     elif not summary_path.is_file():
         error = f"exited with 0 but wrote no {summary_path.name}"
     else:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        try:
+            summary = read_gpt_summary(summary_path)
+        except InputError as err:  # a summary that is not strict JSON, or of a newer version
+            error = str(err)
     return VariantOutcome(summary, error, time.perf_counter() - started)
 
 
