@@ -95,7 +95,7 @@ def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool)
         yield
     except Exception as err:
         chain = exception_chain(err)
-        peer_failure = next((e for e in chain if isinstance(e, dist.DistError)), None)
+        peer_failure = next((e for e in chain if is_peer_failure(e)), None)
         if peer_failure is not None:
             raise RunFailed(
                 f"another process of this run stopped ({type(peer_failure).__name__}: "
@@ -118,6 +118,18 @@ def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool)
             f"cannot save in {output_dir}: {cause}{kept}; free space (or pass another "
             f"--output_dir) and continue with --resume_from_checkpoint {RESUME_AUTO}"
         ) from err
+
+
+# gloo (CPU processes) raises a plain RuntimeError when a peer's connection drops; NCCL a
+# torch.distributed.DistError.
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether `err` is a collective that failed because another process stopped."""
+    return isinstance(err, dist.DistError) or (
+        isinstance(err, RuntimeError) and any(text in str(err) for text in PEER_GONE)
+    )
 
 
 def exception_chain(err: BaseException) -> list[BaseException]:

@@ -10,11 +10,13 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 import torch
 import yaml
+from accelerate.utils.other import get_free_port
 from datasets import load_from_disk
 from pretrain_runs import (
     BLOCK_SIZE,
@@ -446,3 +448,36 @@ def test_dynamo_s_recompile_limit_is_an_error_never_a_silent_eager_run(
     (error,) = capsys.readouterr().err.splitlines()
     assert error.startswith("error: torch.compile reached dynamo's recompile limit (")
     assert "size mismatch" in error  # dynamo's reason: the smaller last batch
+
+
+@pytest.mark.multiprocess
+def test_a_survivor_whose_peer_died_says_so_never_free_space(tmp_path):
+    """Two gloo processes; one dies (kill -9 to itself) before an all-reduce, with an unsealed
+    checkpoint in the folder, as when a peer dies mid-save: the survivor's one line names the
+    cause."""
+    (tmp_path / "checkpoint-4").mkdir()  # written, not yet sealed
+    survivor = (
+        "import os, sys, time, torch, torch.distributed as dist, pathlib\n"
+        "from pretrain.run_folder import failures_in_one_line\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 1:\n"
+        "    time.sleep(1); os.kill(os.getpid(), 9)\n"
+        "time.sleep(3)\n"
+        f"with failures_in_one_line(pathlib.Path({str(tmp_path)!r}), 2**40, True):\n"
+        "    dist.all_reduce(torch.ones(1))\n"
+    )
+    env = {**subprocess_env(), "MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2"}
+    env["MASTER_PORT"] = str(get_free_port())
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", survivor],
+            env={**env, "RANK": str(rank)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    _, stderr = processes[0].communicate(timeout=120)
+    processes[1].wait(timeout=60)
+    assert "RunFailed: another process of this run stopped" in stderr, stderr[-2000:]
+    assert "free space" not in stderr
