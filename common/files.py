@@ -127,16 +127,23 @@ def damage_in(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None:
     return None
 
 
-def sealed_folder_damage(folder: Path) -> str | None:
-    """Why a folder sealed by its manifest (a checkpoint, a run's final model) is not whole: its
-    manifest unreadable, a file missing, resized or changed. None when it is whole, or has no
-    manifest (written before manifests existed)."""
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The manifest that seals a folder (a checkpoint, a run's final model), or None when it
+    has none or it is unreadable (a save cut short)."""
     try:
-        manifest = json.loads((folder / CHECKPOINT_MANIFEST_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
+        return json.loads((folder / CHECKPOINT_MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return f"its {CHECKPOINT_MANIFEST_FILE} is unreadable"
+        return None
+
+
+def sealed_folder_damage(folder: Path) -> str | None:
+    """Why a folder sealed by its manifest is not whole: its manifest unreadable, a file
+    missing, resized or changed. None when it is whole, or has no manifest (written before
+    manifests existed)."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        unreadable = (folder / CHECKPOINT_MANIFEST_FILE).exists()
+        return f"its {CHECKPOINT_MANIFEST_FILE} is unreadable" if unreadable else None
     return damage_in(folder, manifest["files"])
 
 

@@ -41,7 +41,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 
 from common.cli import InputError
-from common.files import damage_in, file_digests, write_json_atomic
+from common.files import damage_in, file_digests, read_manifest, write_json_atomic
 from common.run_contract import (
     CHECKPOINT_MANIFEST_FILE,
     FINAL_MODEL_DIR,
@@ -71,13 +71,6 @@ def checkpoint_global_step(checkpoint_dir: Path) -> int | None:
 def list_checkpoints(output_dir: Path) -> list[Path]:
     """`checkpoint-<step>` folders in `output_dir`, newest (highest step) first."""
     return [Path(path) for path in reversed(sort_checkpoints(str(output_dir)))]
-
-
-def read_manifest(checkpoint_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((checkpoint_dir / CHECKPOINT_MANIFEST_FILE).read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def checkpoint_damage(checkpoint_dir: Path, adopt: bool = False) -> str | None:

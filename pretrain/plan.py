@@ -22,7 +22,7 @@ import datasets
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase, set_seed
 
 from common.cli import InputError, RunFailed
-from common.files import write_json_atomic
+from common.files import read_manifest, write_json_atomic
 from common.run_contract import GPT_SUMMARY_FILE
 from common.tokenization import load_tokenizer
 from pretrain.args import PretrainArguments
@@ -35,7 +35,6 @@ from pretrain.checkpoints import (
     checkpoint_global_step,
     finished_run_summary,
     identity_differences,
-    read_manifest,
     resolve_resume_checkpoint,
     run_identity,
     warn_if_longer_than_grace,

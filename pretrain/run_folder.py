@@ -24,9 +24,9 @@ from accelerate.utils import broadcast_object_list
 from transformers import Trainer, TrainingArguments
 
 from common.cli import InputError, RunFailed
-from common.files import LOCK_FILE, LockHeld, exclusive_lock, replace_dir
+from common.files import LOCK_FILE, LockHeld, exclusive_lock, read_manifest, replace_dir
 from common.run_contract import FINAL_MODEL_DIR
-from pretrain.checkpoints import RESUME_AUTO, list_checkpoints, read_manifest, seal_checkpoint
+from pretrain.checkpoints import RESUME_AUTO, list_checkpoints, seal_checkpoint
 
 logger = logging.getLogger(__name__)
 
