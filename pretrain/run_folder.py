@@ -96,23 +96,23 @@ def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool)
     except Exception as err:
         chain = exception_chain(err)
         peer_failure = next((e for e in chain if is_peer_failure(e)), None)
-        if peer_failure is not None:
-            raise RunFailed(
-                f"another process of this run stopped ({type(peer_failure).__name__}: "
-                f"{' '.join(str(peer_failure).split())[:160]}); the launcher's message names "
-                f"it; continue with --resume_from_checkpoint {RESUME_AUTO}"
-            ) from err
         unfinished = unfinished_saves(output_dir) - earlier
         disk_full = any(
             isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain
         )
-        if not unfinished and not disk_full:
+        if peer_failure is None and not unfinished and not disk_full:
             raise
         if is_main:
             for path in unfinished:
                 shutil.rmtree(path, ignore_errors=True)
         names = ", ".join(sorted(path.name for path in unfinished))
         kept = f"; removed the unfinished {names}" if unfinished else ""
+        if peer_failure is not None:
+            raise RunFailed(
+                f"another process of this run stopped ({type(peer_failure).__name__}: "
+                f"{' '.join(str(peer_failure).split())[:160]}){kept}; the launcher's message "
+                f"names it; continue with --resume_from_checkpoint {RESUME_AUTO}"
+            ) from err
         cause = save_failure_cause(chain, output_dir, checkpoint_bytes)
         raise RunFailed(
             f"cannot save in {output_dir}: {cause}{kept}; free space (or pass another "

@@ -452,10 +452,9 @@ def test_dynamo_s_recompile_limit_is_an_error_never_a_silent_eager_run(
 
 @pytest.mark.multiprocess
 def test_a_survivor_whose_peer_died_says_so_never_free_space(tmp_path):
-    """Two gloo processes; one dies (kill -9 to itself) before an all-reduce, with an unsealed
-    checkpoint in the folder, as when a peer dies mid-save: the survivor's one line names the
-    cause."""
-    (tmp_path / "checkpoint-4").mkdir()  # written, not yet sealed
+    """Two gloo processes; one dies (kill -9 to itself) before an all-reduce, after the
+    survivor wrote a checkpoint it has not sealed yet, as when a peer dies mid-save: the
+    survivor's one line names the cause, and its unfinished save goes."""
     survivor = (
         "import os, sys, time, torch, torch.distributed as dist, pathlib\n"
         "from pretrain.run_folder import failures_in_one_line\n"
@@ -463,7 +462,9 @@ def test_a_survivor_whose_peer_died_says_so_never_free_space(tmp_path):
         "if dist.get_rank() == 1:\n"
         "    time.sleep(1); os.kill(os.getpid(), 9)\n"
         "time.sleep(3)\n"
-        f"with failures_in_one_line(pathlib.Path({str(tmp_path)!r}), 2**40, True):\n"
+        f"folder = pathlib.Path({str(tmp_path)!r})\n"
+        "with failures_in_one_line(folder, 2**40, True):\n"
+        "    (folder / 'checkpoint-4').mkdir()  # this run's save, written, not yet sealed\n"
         "    dist.all_reduce(torch.ones(1))\n"
     )
     env = {**subprocess_env(), "MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2"}
@@ -481,3 +482,4 @@ def test_a_survivor_whose_peer_died_says_so_never_free_space(tmp_path):
     processes[1].wait(timeout=60)
     assert "RunFailed: another process of this run stopped" in stderr, stderr[-2000:]
     assert "free space" not in stderr
+    assert not (tmp_path / "checkpoint-4").exists()  # this run's unfinished save: removed
