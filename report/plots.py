@@ -130,15 +130,29 @@ def label_axes(ax, title: str, xlabel: str, ylabel: str) -> None:
         ax.legend(fontsize="small")
 
 
-def probe_curves(run: RunRecord) -> dict[str, list[dict]]:
-    """Label level -> the points of the probe curve in the run's probe results (those that
-    have one)."""
+def number_at(mapping: object, *keys: str) -> float | None:
+    """`mapping[key][...]` when every level is present and the end is a number, else None:
+    older results files may lack a key or hold null."""
+    for key in keys:
+        mapping = mapping.get(key) if isinstance(mapping, dict) else None
+    return mapping if isinstance(mapping, int | float) else None
+
+
+def probe_curves(run: RunRecord) -> dict[str, list[tuple[float, float]]]:
+    """Label level -> the (tokens, accuracy) points of the probe curve in the run's probe
+    results (those that have one), skipping points without both numbers."""
     curves = {}
     for level, results in run.probes.items():
         curve = results.get("curve")
         points = curve.get("points") if isinstance(curve, dict) else None
-        if isinstance(points, list) and points:
-            curves[level] = points
+        usable = [
+            (tokens, accuracy)
+            for point in (points if isinstance(points, list) else [])
+            if (tokens := number_at(point, "tokens")) is not None
+            and (accuracy := number_at(point, "accuracy")) is not None
+        ]
+        if usable:
+            curves[level] = usable
     return curves
 
 
@@ -158,17 +172,16 @@ def plot_probe_curves(runs: Sequence[RunRecord], path: Path) -> bool:
         if isinstance(tokens_per_step, int) and loss is not None and len(loss.steps):
             tokens, label = loss.steps * tokens_per_step, f"{prefix}training loss".strip()
             draw_line(loss_ax, tokens, loss.values, color, label, smoothed=True)
-        unigram = run.summary.get("data", {}).get("unigram_entropy_nats")
-        if isinstance(unigram, int | float):
+        unigram = number_at(run.summary, "data", "unigram_entropy_nats")
+        if unigram is not None:
             loss_ax.axhline(
                 unigram, color=color, linestyle=":", label=f"{prefix}unigram entropy".strip()
             )
         for marker, (level, points) in zip("osD^v", probe_curves(run).items(), strict=False):
-            tokens = [point.get("tokens") for point in points]
-            accuracy = [point.get("accuracy") for point in points]
+            tokens, accuracy = zip(*points, strict=True)
             draw_line(probe_ax, tokens, accuracy, color, f"{prefix}{level}", marker=marker)
-            chance = run.probes[level].get("chance", {}).get("majority_class_accuracy")
-            if isinstance(chance, int | float):
+            chance = number_at(run.probes[level], "chance", "majority_class_accuracy")
+            if chance is not None:
                 probe_ax.axhline(
                     chance, color=color, linestyle=":", label=f"{prefix}{level}: chance"
                 )

@@ -283,6 +283,29 @@ def test_unreadable_probe_results_are_noted(gpt_run_dir, tmp_path):
     assert any("area.json lacks label_level" in note for note in record.notes)
 
 
+def test_probe_curve_skips_null_values_of_older_results(tmp_path):
+    """Older probe results hold null where a value was missing (a NaN is written as null):
+    those points are left out, and a curve with no point left is not drawn."""
+    from report.plots import plot_probe_curves, probe_curves
+    from report.run_folder import GPT_KIND, RunRecord
+
+    points = [
+        {"tokens": 0, "accuracy": 0.25},
+        None,
+        {"tokens": 100, "accuracy": None},
+        {"tokens": None, "accuracy": 0.5},
+        {"tokens": 200, "accuracy": 0.75},
+    ]
+    probes = {
+        "domain": {"chance": None, "curve": {"points": points}},
+        "area": {"curve": {"points": [{"tokens": 0, "accuracy": None}]}},
+    }
+    run = RunRecord(tmp_path / "gpt_old", GPT_KIND, summary={"data": None}, probes=probes)
+    assert probe_curves(run) == {"domain": [(0, 0.25), (200, 0.75)]}
+    assert plot_probe_curves([run], tmp_path / "curve.png")
+    assert_png_not_blank(tmp_path / "curve.png")
+
+
 def test_mnist_report_numbers_and_figures(mnist_pytorch_run, mnist_report_dir):
     metrics = json.loads((mnist_pytorch_run / contract.MNIST_METRICS_FILE).read_text())
     markdown = (mnist_report_dir / build.REPORT_FILE).read_text()
