@@ -8,11 +8,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from common.run_contract import (
+    EPOCH_TRAIN_ACC,
+    EPOCH_TRAIN_LOSS,
+    TEST_ACC,
+    TEST_LOSS,
+    VAL_ACC,
+    VAL_LOSS,
+)
 from mnist.model import NUM_CLASSES
+
+# The TensorBoard tags of each stage's (loss, accuracy) over an epoch, in both trainers.
+STAGE_TAGS = {
+    "train": (EPOCH_TRAIN_LOSS, EPOCH_TRAIN_ACC),
+    "val": (VAL_LOSS, VAL_ACC),
+    "test": (TEST_LOSS, TEST_ACC),
+}
 
 
 @dataclass
@@ -42,14 +58,15 @@ class DigitMetrics(nn.Module):
             else None
         )
 
-    def forward(self, logits: Tensor, labels: Tensor, digit_losses: Tensor) -> Tensor:
-        """Add one batch (logits (N, 10), labels (N,), unreduced losses (N,)); return the
-        batch's accuracy as a device tensor, so the caller decides when to sync."""
+    def forward(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """Add one batch (logits (N, 10), labels (N,)); return its mean cross-entropy loss (to
+        backpropagate) and its accuracy, device tensors, so the caller decides when to sync."""
+        digit_losses = F.cross_entropy(logits, labels, reduction="none")
         predictions = logits.detach().argmax(dim=1)
         self.loss.update(digit_losses.detach())
         if self.confusion_matrix is not None:
             self.confusion_matrix.update(predictions, labels)
-        return self.accuracy(predictions, labels)
+        return digit_losses.mean(), self.accuracy(predictions, labels)
 
     def compute(self) -> Evaluation:
         confusion = self.confusion_matrix

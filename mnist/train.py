@@ -13,24 +13,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
 from common.cli import entry_point
-from common.run_contract import (
-    EPOCH_TRAIN_ACC,
-    EPOCH_TRAIN_LOSS,
-    LEARNING_RATE,
-    TENSORBOARD_DIR,
-    TEST_ACC,
-    TEST_LOSS,
-    TRAIN_ACC,
-    TRAIN_LOSS,
-    VAL_ACC,
-    VAL_LOSS,
-)
+from common.run_contract import LEARNING_RATE, TENSORBOARD_DIR, TRAIN_ACC, TRAIN_LOSS
 from mnist import viz
 from mnist.args import MnistArguments
 from mnist.data import DigitSplits, distort_images, make_batches
@@ -42,7 +30,7 @@ from mnist.experiment import (
     epoch_record,
     trainer_main,
 )
-from mnist.metrics import DigitMetrics, Evaluation
+from mnist.metrics import STAGE_TAGS, DigitMetrics, Evaluation
 from mnist.model import LeNet5
 
 TRAINER = "pytorch"
@@ -59,36 +47,29 @@ def train_one_epoch(
     generator: torch.Generator | None = None,
     on_step: Callable[[Tensor, Tensor, float], None] | None = None,
     max_batches: int = -1,
-    progress: bool = True,
 ) -> Evaluation:
     """One pass over `batches` (at most `max_batches` when positive); mean loss and accuracy
     of the epoch (no confusion matrix).
 
     `generator` turns on random distortions; `on_step(loss, batch_accuracy, learning_rate)`
     gets device tensors after every optimizer step, so that it alone decides when to sync.
-    `progress` shows a progress bar over the batches.
     """
     model.train()
     metrics = DigitMetrics().to(device)
-    for batch_index, (images, labels) in enumerate(
-        tqdm(batches, desc="train", leave=False, disable=not progress)
-    ):
+    for batch_index, (images, labels) in enumerate(tqdm(batches, desc="train", leave=False)):
         if batch_index == max_batches:
             break
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         if generator is not None:
             images = distort_images(images, generator)
-        logits = model(images)
-        digit_losses = F.cross_entropy(logits, labels, reduction="none")
-        loss = digit_losses.mean()
+        loss, batch_accuracy = metrics(model(images), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         learning_rate = optimizer.param_groups[0]["lr"]  # the rate this step used
         if scheduler is not None:
             scheduler.step()
-        batch_accuracy = metrics(logits, labels, digit_losses)
         if on_step is not None:
             on_step(loss.detach(), batch_accuracy, learning_rate)
     return metrics.compute()
@@ -102,8 +83,7 @@ def evaluate(model: nn.Module, batches: Batches, device: torch.device) -> Evalua
     for images, labels in batches:
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        logits = model(images)
-        metrics(logits, labels, F.cross_entropy(logits, labels, reduction="none"))
+        metrics(model(images), labels)
     return metrics.compute()
 
 
@@ -134,6 +114,11 @@ def fit(
             writer.add_scalar(TRAIN_ACC, accuracy.item(), global_step)
             writer.add_scalar(LEARNING_RATE, learning_rate, global_step)
 
+    def log_evaluation(stage: str, evaluation: Evaluation) -> None:
+        loss_tag, accuracy_tag = STAGE_TAGS[stage]
+        writer.add_scalar(loss_tag, evaluation.loss, global_step)
+        writer.add_scalar(accuracy_tag, evaluation.accuracy, global_step)
+
     history = []
     start = time.perf_counter()
     epochs = tqdm(range(1, args.epochs + 1), desc="epochs")
@@ -150,12 +135,10 @@ def fit(
             on_step=log_step,
             max_batches=total_steps - global_step,
         )
-        writer.add_scalar(EPOCH_TRAIN_LOSS, train_epoch.loss, global_step)
-        writer.add_scalar(EPOCH_TRAIN_ACC, train_epoch.accuracy, global_step)
+        log_evaluation("train", train_epoch)
         val = evaluate(model, val_batches, device) if len(splits.val_labels) else None
         if val is not None:
-            writer.add_scalar(VAL_LOSS, val.loss, global_step)
-            writer.add_scalar(VAL_ACC, val.accuracy, global_step)
+            log_evaluation("val", val)
         viz.log_layers(writer, model, probe_images, global_step)
         history.append(
             epoch_record(
@@ -182,8 +165,7 @@ def fit(
         global_step,
     )
     test = evaluate(model, test_batches, device)
-    writer.add_scalar(TEST_LOSS, test.loss, global_step)
-    writer.add_scalar(TEST_ACC, test.accuracy, global_step)
+    log_evaluation("test", test)
     writer.close()
     return TrainedModel(model, test, history, train_seconds)
 

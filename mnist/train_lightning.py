@@ -22,25 +22,13 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning_utilities.core import rank_zero as lightning_rank_zero
 from torch import Tensor
 
 from common.cli import entry_point
-from common.run_contract import (
-    EPOCH_TRAIN_ACC,
-    EPOCH_TRAIN_LOSS,
-    LEARNING_RATE,
-    TENSORBOARD_DIR,
-    TEST_ACC,
-    TEST_LOSS,
-    TRAIN_ACC,
-    TRAIN_LOSS,
-    VAL_ACC,
-    VAL_LOSS,
-)
+from common.run_contract import LEARNING_RATE, TENSORBOARD_DIR, TRAIN_ACC, TRAIN_LOSS
 from mnist import viz
 from mnist.args import MnistArguments
 from mnist.data import DigitSplits, distort_images, make_batches
@@ -51,7 +39,7 @@ from mnist.experiment import (
     epoch_record,
     trainer_main,
 )
-from mnist.metrics import DigitMetrics, Evaluation
+from mnist.metrics import STAGE_TAGS, DigitMetrics, Evaluation
 from mnist.model import LeNet5
 
 TRAINER = "lightning"
@@ -84,8 +72,6 @@ class MnistDataModule(L.LightningDataModule):
 class LeNet5Module(L.LightningModule):
     """LeNet-5 with cross-entropy, the shared torchmetrics metrics and an optimizer."""
 
-    STAGE_TAGS = {"val": (VAL_LOSS, VAL_ACC), "test": (TEST_LOSS, TEST_ACC)}
-
     def __init__(self, args: MnistArguments) -> None:
         super().__init__()
         self.args = args
@@ -105,22 +91,18 @@ class LeNet5Module(L.LightningModule):
         images, labels = batch
         if stage == "train" and self.generator is not None:
             images = distort_images(images, self.generator)
-        logits = self.model(images)
-        digit_losses = F.cross_entropy(logits, labels, reduction="none")
-        loss = digit_losses.mean()
         metrics = getattr(self, f"{stage}_metrics")
-        batch_accuracy = metrics(logits, labels, digit_losses)
+        loss, batch_accuracy = metrics(self.model(images), labels)
         if stage == "train":
             learning_rate = self.optimizers().optimizer.param_groups[0]["lr"]
             self.log(TRAIN_LOSS, loss, on_step=True, on_epoch=False, prog_bar=True)
             self.log(TRAIN_ACC, batch_accuracy, on_step=True, on_epoch=False)
             self.log(LEARNING_RATE, learning_rate, on_step=True, on_epoch=False)
-            self.log(EPOCH_TRAIN_LOSS, metrics.loss, on_step=False, on_epoch=True)
-            self.log(EPOCH_TRAIN_ACC, metrics.accuracy, on_step=False, on_epoch=True)
-        else:
-            loss_tag, accuracy_tag = self.STAGE_TAGS[stage]
-            self.log(loss_tag, metrics.loss, on_step=False, on_epoch=True)
-            self.log(accuracy_tag, metrics.accuracy, on_step=False, on_epoch=True, prog_bar=True)
+        loss_tag, accuracy_tag = STAGE_TAGS[stage]
+        self.log(loss_tag, metrics.loss, on_step=False, on_epoch=True)
+        self.log(
+            accuracy_tag, metrics.accuracy, on_step=False, on_epoch=True, prog_bar=stage != "train"
+        )
         return loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_index: int) -> Tensor:

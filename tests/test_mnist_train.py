@@ -174,8 +174,8 @@ def test_digit_metrics_weigh_every_digit_once():
     labels = [torch.randint(0, 10, (size,)) for size in batch_sizes]
     metrics = DigitMetrics(with_confusion_matrix=True)
     for batch_logits, batch_labels in zip(logits, labels, strict=True):
-        losses = F.cross_entropy(batch_logits, batch_labels, reduction="none")
-        batch_accuracy = metrics(batch_logits, batch_labels, losses)
+        batch_loss, batch_accuracy = metrics(batch_logits, batch_labels)
+        torch.testing.assert_close(batch_loss, F.cross_entropy(batch_logits, batch_labels))
         expected = (batch_logits.argmax(dim=1) == batch_labels).float().mean()
         torch.testing.assert_close(batch_accuracy, expected)
     all_logits, all_labels = torch.cat(logits), torch.cat(labels)
