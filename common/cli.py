@@ -51,14 +51,12 @@ class RunFailed(Exception):
 
 def setup_logging(level: int = logging.INFO) -> None:
     """Log to stderr with timestamps; only entry points call this."""
-    root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-        )
-        root.addHandler(handler)
-    root.setLevel(level)
+    # basicConfig adds a stderr handler only to a root logger without one, and only then sets
+    # the level.
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    logging.getLogger().setLevel(level)
 
 
 def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[..., int]:
