@@ -152,7 +152,6 @@ def idx_search_dirs(args: MnistArguments) -> list[Path]:
 def find_idx_files(args: MnistArguments) -> tuple[dict[str, Path], list[str]]:
     """The four IDX files by role, and the roles not found. Explicit paths must exist."""
     found: dict[str, Path] = {}
-    missing = []
     for role in IDX_STEMS:
         explicit = getattr(args, role)
         if explicit is not None:
@@ -164,11 +163,9 @@ def find_idx_files(args: MnistArguments) -> tuple[dict[str, Path], list[str]]:
             folder / name for folder in idx_search_dirs(args) for name in idx_file_names(role)
         )
         match = next((path for path in candidates if path.is_file()), None)
-        if match is None:
-            missing.append(role)
-        else:
+        if match is not None:
             found[role] = match
-    return found, missing
+    return found, [role for role in IDX_STEMS if role not in found]
 
 
 def download_mnist(data_dir: Path) -> None:
@@ -342,8 +339,7 @@ class DeviceBatches:
             order = torch.randperm(num_digits, device=device, generator=self.generator)
         else:
             order = torch.arange(num_digits, device=device)
-        for start in range(0, num_digits, self.batch_size):
-            batch = order[start : start + self.batch_size]
+        for batch in order.split(self.batch_size):
             yield self.images[batch], self.labels[batch]
 
 

@@ -128,17 +128,12 @@ def trainer_main(
     """The command line of one trainer: parse, train, print the result line."""
     (args,) = parse_args([MnistArguments], argv, description=description, prog=prog)
     metrics = run_training(args, trainer, fit)
-    print(result_line(metrics, default_output_dir(args, trainer)))
-    return 0
-
-
-def result_line(metrics: dict[str, Any], output_dir: Path) -> str:
-    """The one line a trainer prints at the end."""
     shared = metrics["num_test_in_train"]
     also_trained = f" ({shared} of them also training digits)" if shared else ""
-    return (
+    print(
         f"test accuracy {metrics['test_accuracy']:.4f} on {metrics['num_test']} digits"
         f"{also_trained} after "
         f"{metrics['epochs']} epochs ({metrics['train_seconds']:.0f} s of training); "
-        f"results in {output_dir}"
+        f"results in {default_output_dir(args, trainer)}"
     )
+    return 0
