@@ -74,14 +74,9 @@ EOF
 # True while PID is a live process named NAME (a zombie waiting to be reaped counts as gone; the
 # name check keeps a stale PID file from hitting an unrelated process that reused the PID).
 is_running() {
-    local pid="$1" name="$2" stat comm state
-    stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || return 1
-    # /proc/PID/stat reads "PID (COMM) STATE ...".
-    comm="${stat#*(}"
-    comm="${comm%%)*}"
-    state="${stat##*) }"
-    state="${state%% *}"
-    [[ "$state" != Z && "$comm" == "$name" ]]
+    local state comm
+    read -r state comm < <(ps -o stat=,comm= -p "$1" 2>/dev/null) || return 1
+    [[ "$state" != Z* && "$comm" == "$2" ]]
 }
 
 # Start a daemon in the foreground of its own session and record its PID.
@@ -155,10 +150,9 @@ cluster_up() {
     [[ $EUID -eq 0 ]] || die "the local cluster's daemons run as root; run this as root"
     local tool
     for tool in munged slurmctld slurmd sinfo; do
-        command -v "$tool" >/dev/null || PATH="$PATH:/usr/sbin:/sbin" command -v "$tool" >/dev/null \
+        command -v "$tool" >/dev/null \
             || die "$tool not found; install: apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
     done
-    export PATH="$PATH:/usr/sbin:/sbin"
     if [[ -f "$DIR/run/slurmctld.pid" ]] && is_running "$(cat "$DIR/run/slurmctld.pid")" slurmctld; then
         die "a cluster is already running in $DIR; stop it with: $0 down $DIR"
     fi
@@ -173,7 +167,6 @@ cluster_up() {
     local ctld_port
     ctld_port="$(find_free_ports $((NUM_NODES + 1)))"
     write_config "$ctld_port"
-    export SLURM_CONF="$DIR/slurm.conf"
 
     if [[ ! -f "$DIR/munge/munge.key" ]]; then
         head -c 1024 /dev/urandom >"$DIR/munge/munge.key"
@@ -215,7 +208,6 @@ wait_for() {
 }
 
 cluster_down() {
-    export SLURM_CONF="$DIR/slurm.conf" PATH="$PATH:/usr/sbin:/sbin"
     local deadline=$((SECONDS + STOP_TIMEOUT_S)) pid_file pid name
     # Jobs outlive their clients (`sbatch --wait` killed leaves the job running): cancel them all
     # while slurmctld still runs, and let their step daemons finish before stopping slurmd.
@@ -247,7 +239,6 @@ cluster_down() {
 }
 
 cluster_status() {
-    export SLURM_CONF="$DIR/slurm.conf" PATH="$PATH:/usr/sbin:/sbin"
     [[ -f "$SLURM_CONF" ]] || die "no cluster in $DIR (no slurm.conf); start one with: $0 up $DIR"
     echo "export SLURM_CONF=$SLURM_CONF"
     sinfo
@@ -260,14 +251,14 @@ case "$1" in
 up)
     [[ -n "$DIR" ]] || DIR="$(mktemp -d /tmp/slurm-local.XXXXXX)"
     mkdir -p "$DIR"
-    DIR="$(cd "$DIR" && pwd)"
-    cluster_up
     ;;
 down | status)
     [[ -n "$DIR" ]] || die "which cluster? give its folder: $0 $1 DIR (or set SLURM_LOCAL_DIR)"
     [[ -d "$DIR" ]] || die "no such folder: $DIR"
-    DIR="$(cd "$DIR" && pwd)"
-    if [[ "$1" == down ]]; then cluster_down; else cluster_status; fi
     ;;
 *) usage ;;
 esac
+DIR="$(cd "$DIR" && pwd)"
+# The daemons live in sbin, which a user's PATH may lack.
+export SLURM_CONF="$DIR/slurm.conf" PATH="$PATH:/usr/sbin:/sbin"
+"cluster_$1"
