@@ -158,9 +158,7 @@ def run_probe(command: ProbeCommand) -> dict[str, Any]:
     tokenizer = load_tokenizer(run.final_model_dir)
     # Without a pad token (e.g. GPT-2's own tokenizer) pads are end-of-text; the attention
     # mask keeps them out of every pooling.
-    pad_token_id = tokenizer.pad_token_id
-    if pad_token_id is None:
-        pad_token_id = tokenizer.eos_token_id
+    if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     documents = load_probe_documents(corpus_args, probe.label_level, probe.label_names_file)
 
@@ -184,7 +182,7 @@ def run_probe(command: ProbeCommand) -> dict[str, Any]:
         num_classes=documents.num_classes,
         unseen=~overlap.in_training[test_indices] if overlap.status == REPRODUCED else None,
         pooling=probe.pooling,
-        pad_token_id=pad_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         device=training_args.device,
     )
 

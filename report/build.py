@@ -68,7 +68,7 @@ def write_report(
 
 
 def screenshot_section(
-    runs: Sequence[RunRecord], out_dir: Path, chromium: str | None, notes: list[str]
+    runs: Sequence[RunRecord], out_dir: Path, chromium: str, notes: list[str]
 ) -> list[str]:
     """TensorBoard's scalars page for the runs; [] and a note when it has nothing to show or
     the screenshot failed."""

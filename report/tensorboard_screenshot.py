@@ -81,11 +81,9 @@ def logdir_arguments(runs: dict[str, Path]) -> list[str]:
     return ["--logdir_spec", spec]
 
 
-def screenshot_tensorboard(
-    runs: dict[str, Path], png_path: Path, chromium: str | None = None
-) -> None:
-    """Photograph the scalars page of TensorBoard serving `runs` (name -> run folder)."""
-    chromium_path = find_chromium(chromium)
+def screenshot_tensorboard(runs: dict[str, Path], png_path: Path, chromium: str) -> None:
+    """Photograph the scalars page of TensorBoard serving `runs` (name -> run folder) with the
+    `chromium` executable (`find_chromium`)."""
     with tempfile.TemporaryDirectory(prefix="tensorboard-screenshot-") as scratch:
         scratch_dir = Path(scratch)
         port = free_port()
@@ -103,7 +101,7 @@ def screenshot_tensorboard(
             )
         try:
             wait_for_scalars(base_url, tensorboard, tensorboard_log)
-            take_screenshot(chromium_path, f"{base_url}/{SCALARS_PAGE}", png_path, scratch_dir)
+            take_screenshot(chromium, f"{base_url}/{SCALARS_PAGE}", png_path, scratch_dir)
         finally:
             stop_process_group(tensorboard)
     logger.info("TensorBoard screenshot written to %s", png_path)
