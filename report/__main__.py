@@ -30,8 +30,11 @@ class RunReportArguments:
     )
 
 
-def parse_report_args(argv: list[str] | None) -> tuple[list[str], RunReportArguments]:
-    """The run folders and the options."""
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    """Write the report; exit code 1 when the requested TensorBoard screenshot failed."""
+    # tensorboard's reader logs every event file it opens at INFO.
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
     parser = command_line_parser(
         [RunReportArguments],
         prog="run-report",
@@ -41,17 +44,8 @@ def parse_report_args(argv: list[str] | None) -> tuple[list[str], RunReportArgum
         "run_dirs", nargs="+", metavar="RUN_DIR", help="Run folders; several are overlaid."
     )
     args, extra = parser.parse_dataclasses(argv)
-    return extra.run_dirs, args
-
-
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    """Write the report; exit code 1 when the requested TensorBoard screenshot failed."""
-    # tensorboard's reader logs every event file it opens at INFO.
-    logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    run_dirs, args = parse_report_args(argv)
     report = write_report(
-        run_dirs, args.out, args.overwrite, args.tensorboard_screenshot, args.chromium
+        extra.run_dirs, args.out, args.overwrite, args.tensorboard_screenshot, args.chromium
     )
     print(report)
     screenshot_missing = not (report.parent / SCREENSHOT_FILE).is_file()
