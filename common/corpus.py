@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
+from transformers.hf_argparser import HfArg
 
 from common.cli import InputError
 
@@ -55,29 +56,23 @@ GLOB_CHARS = frozenset("*?[")
 class CorpusArguments:
     """Where the training text comes from and how to read it."""
 
-    corpus: list[str] = field(
-        metadata={
-            "help": "Input paths: WebOfScience.zip (or the 'download all' zip wrapping it), an "
-            "extracted WoS folder at any depth, plain .txt files (one document per line), .jsonl "
-            "files, or glob patterns of these (quote them). Several may be given."
-        }
+    corpus: list[str] = HfArg(
+        help="Input paths: WebOfScience.zip (or the 'download all' zip wrapping it), an "
+        "extracted WoS folder at any depth, plain .txt files (one document per line), .jsonl "
+        "files, or glob patterns of these (quote them). Several may be given."
     )
-    subset: str = field(
+    subset: str = HfArg(
         default="WOS46985",
-        metadata={
-            "help": "Which Web of Science folder to read from a WoS zip or folder: WOS46985 (all "
-            "abstracts), WOS11967 or WOS5736 (subsets of WOS46985)."
-        },
+        help="Which Web of Science folder to read from a WoS zip or folder: WOS46985 (all "
+        "abstracts), WOS11967 or WOS5736 (subsets of WOS46985).",
     )
-    text_field: str = field(
-        default="text", metadata={"help": "Field holding the document text in .jsonl records."}
+    text_field: str = HfArg(
+        default="text", help="Field holding the document text in .jsonl records."
     )
-    replace_invalid_utf8: bool = field(
+    replace_invalid_utf8: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Replace bytes that are not valid UTF-8 with U+FFFD instead of stopping with "
-            "an error naming the file and line."
-        },
+        help="Replace bytes that are not valid UTF-8 with U+FFFD instead of stopping with "
+        "an error naming the file and line.",
     )
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from transformers.hf_argparser import HfArg
 
 from common.cli import InputError, entry_point, parse_args
 from common.corpus import WOS_TEXT_FILE
@@ -32,16 +34,13 @@ HEADING_UNDERLINE = re.compile(r"^[*=\-~^\"]{3,}$")
 
 @dataclass
 class DemoCorpusArguments:
-    output_dir: str = field(
-        metadata={"help": "Folder to create with WOS46985/X.txt, WOS11967/X.txt, WOS5736/X.txt."}
+    output_dir: str = HfArg(
+        help="Folder to create with WOS46985/X.txt, WOS11967/X.txt, WOS5736/X.txt."
     )
-    max_documents: int | None = field(
-        default=None,
-        metadata={"help": "Keep only the first N paragraphs (default: all, about 830)."},
+    max_documents: int | None = HfArg(
+        default=None, help="Keep only the first N paragraphs (default: all, about 830)."
     )
-    overwrite: bool = field(
-        default=False, metadata={"help": "Replace output_dir if it already exists."}
-    )
+    overwrite: bool = HfArg(default=False, help="Replace output_dir if it already exists.")
 
 
 def demo_documents() -> list[str]:

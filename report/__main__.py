@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from transformers.hf_argparser import HfArg
 
 from common.cli import command_line_parser, entry_point
 from report.build import SCREENSHOT_FILE, write_report
@@ -11,22 +13,15 @@ from report.build import SCREENSHOT_FILE, write_report
 
 @dataclass
 class RunReportArguments:
-    out: str = field(
-        default="runs/report", metadata={"help": "Folder to write report.md and figures to."}
-    )
-    overwrite: bool = field(
-        default=False, metadata={"help": "Replace --out if it holds an earlier report."}
-    )
-    tensorboard_screenshot: bool = field(
+    out: str = HfArg(default="runs/report", help="Folder to write report.md and figures to.")
+    overwrite: bool = HfArg(default=False, help="Replace --out if it holds an earlier report.")
+    tensorboard_screenshot: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Also start TensorBoard on localhost for the runs and save a PNG of its "
-            "scalars page taken with headless Chromium."
-        },
+        help="Also start TensorBoard on localhost for the runs and save a PNG of its "
+        "scalars page taken with headless Chromium.",
     )
-    chromium: str | None = field(
-        default=None,
-        metadata={"help": "Chromium executable for the screenshot (default: found on PATH)."},
+    chromium: str | None = HfArg(
+        default=None, help="Chromium executable for the screenshot (default: found on PATH)."
     )
 
 

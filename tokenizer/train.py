@@ -13,9 +13,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from transformers.hf_argparser import HfArg
 
 from common.cli import InputError, entry_point, parse_args
 from common.corpus import CorpusArguments, CorpusStats, iter_documents
@@ -32,36 +34,29 @@ STATS_FILE = "stats.json"
 class TokenizerArguments:
     """What to learn and where to save it."""
 
-    output_dir: str = field(
-        metadata={"help": "Folder to create for the tokenizer (refused if it exists: --overwrite)."}
+    output_dir: str = HfArg(
+        help="Folder to create for the tokenizer (refused if it exists: --overwrite)."
     )
-    vocab_size: int = field(
+    vocab_size: int = HfArg(
         default=32768,
-        metadata={
-            "help": f"Vocabulary size including the 256 bytes and 2 special tokens (at least "
-            f"{MIN_VOCAB_SIZE}). A multiple of 128 keeps the model's embedding matmuls efficient."
-        },
+        help=f"Vocabulary size including the 256 bytes and 2 special tokens (at least "
+        f"{MIN_VOCAB_SIZE}). A multiple of 128 keeps the model's embedding matmuls efficient.",
     )
-    min_frequency: int = field(
-        default=2, metadata={"help": "A pair must occur this often in the corpus to be merged."}
+    min_frequency: int = HfArg(
+        default=2, help="A pair must occur this often in the corpus to be merged."
     )
-    heldout_every: int = field(
+    heldout_every: int = HfArg(
         default=100,
-        metadata={
-            "help": "Leave every N-th document out of training and measure bytes per token and "
-            "tokens per word on those (0: use no held-out documents)."
-        },
+        help="Leave every N-th document out of training and measure bytes per token and "
+        "tokens per word on those (0: use no held-out documents).",
     )
-    batch_size: int = field(
-        default=1000,
-        metadata={"help": "Documents handed to the tokenizers library per batch."},
+    batch_size: int = HfArg(
+        default=1000, help="Documents handed to the tokenizers library per batch."
     )
-    model_max_length: int = field(
-        default=1024, metadata={"help": "Context length recorded in the saved tokenizer."}
+    model_max_length: int = HfArg(
+        default=1024, help="Context length recorded in the saved tokenizer."
     )
-    overwrite: bool = field(
-        default=False, metadata={"help": "Replace output_dir if it already exists."}
-    )
+    overwrite: bool = HfArg(default=False, help="Replace output_dir if it already exists.")
 
     def __post_init__(self) -> None:
         if self.vocab_size < MIN_VOCAB_SIZE:
