@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import datasets
 import transformers
+from accelerate.utils import patch_environment
 from packaging.specifiers import SpecifierSet
 
 from common.cli import RunFailed
@@ -98,20 +99,11 @@ def trainer_creation_environment(log_dir: Path, regional_compilation: bool) -> I
     ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION, read once by the TorchDynamoPlugin that Trainer
     builds. The variables are restored afterwards.
     """
-    values = {
-        "TENSORBOARD_LOGGING_DIR": str(log_dir),
-        "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true" if regional_compilation else "false",
-    }
-    previous = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
+    with patch_environment(
+        TENSORBOARD_LOGGING_DIR=log_dir,
+        ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION="true" if regional_compilation else "false",
+    ):
         yield
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
 
 
 def use_compile_cache(folder: Path, explicit: bool) -> None:
