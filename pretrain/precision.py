@@ -39,45 +39,28 @@ class PrecisionChoice:
         return "fp32" if self.mixed_precision == "no" else self.mixed_precision
 
 
-def _launcher_precision() -> str | None:
-    value = os.environ.get(LAUNCHER_PRECISION_VARIABLE, "no").lower()
-    return None if value == "no" else value
-
-
-def _flag_precision(training_args: TrainingArguments) -> str | None:
-    if training_args.bf16:
-        return "bf16"
-    if training_args.fp16:
-        return "fp16"
-    return None
-
-
-def _hardware_precision(device: torch.device) -> tuple[str, str]:
-    if device.type != "cuda":
-        return "no", f"{device.type}: fp32"
-    name = torch.cuda.get_device_name(device)
-    if torch.cuda.is_bf16_supported(including_emulation=False):
-        return "bf16", f"{name} supports bf16"
-    return "fp16", f"{name} has no bf16"
-
-
 def resolve_precision(training_args: TrainingArguments) -> PrecisionChoice:
     """Decide bf16/fp16/fp32 and TF32, write the choice into `training_args`, and return it."""
-    launcher = _launcher_precision()
-    flag = _flag_precision(training_args)
-    if launcher and flag and launcher != flag:
+    launcher = os.environ.get(LAUNCHER_PRECISION_VARIABLE, "no").lower()
+    flag = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else None
+    if launcher != "no" and flag and launcher != flag:
         raise InputError(
             f"precision set twice: the accelerate config says {launcher} and the command line "
             f"says --{flag}; drop one of them"
         )
     device = training_args.device
-    if launcher:
+    if launcher != "no":
         mixed_precision, source = launcher, "accelerate config"
     elif flag:
         mixed_precision, source = flag, f"--{flag}"
+    elif device.type != "cuda":
+        mixed_precision, source = "no", f"automatic ({device.type}: fp32)"
+    elif torch.cuda.is_bf16_supported(including_emulation=False):
+        mixed_precision = "bf16"
+        source = f"automatic ({torch.cuda.get_device_name(device)} supports bf16)"
     else:
-        mixed_precision, source = _hardware_precision(device)
-        source = f"automatic ({source})"
+        mixed_precision = "fp16"
+        source = f"automatic ({torch.cuda.get_device_name(device)} has no bf16)"
     if (
         mixed_precision == "bf16"
         and device.type == "cuda"
@@ -99,10 +82,5 @@ def resolve_precision(training_args: TrainingArguments) -> PrecisionChoice:
         if tf32:
             enable_tf32(True)
     choice = PrecisionChoice(mixed_precision=mixed_precision, source=source, tf32=bool(tf32))
-    logger.info(
-        "precision: %s (%s), TF32 %s",
-        choice.name,
-        source,
-        "on" if choice.tf32 else "off",
-    )
+    logger.info("precision: %s (%s), TF32 %s", choice.name, source, "on" if tf32 else "off")
     return choice
