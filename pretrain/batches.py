@@ -6,14 +6,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from common.cli import InputError
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 

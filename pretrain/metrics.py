@@ -115,10 +115,9 @@ def job_peak_flops_per_second(
 ) -> float | None:
     """The whole job's peak FLOP/s: one device's (`peak_tflops` when given, else looked up by
     the GPU's name) times the devices, each running the model on its share of the batch."""
-    if peak_tflops:
-        one_device = peak_tflops * 1e12
-    else:
-        one_device = peak_flops_per_second(accelerator_name(device))
+    one_device = (
+        peak_tflops * 1e12 if peak_tflops else peak_flops_per_second(accelerator_name(device))
+    )
     return None if one_device is None else one_device * num_devices
 
 
@@ -172,7 +171,7 @@ class GpuReadings:
             return {}
 
 
-def write_nvidia_smi_snapshot(path: str | Path) -> bool:
+def write_nvidia_smi_snapshot(path: Path) -> bool:
     """Save the output of `nvidia-smi` to `path`; False (nothing written) without one."""
     executable = shutil.which("nvidia-smi")
     if executable is None or not torch.cuda.is_available():
@@ -184,7 +183,6 @@ def write_nvidia_smi_snapshot(path: str | Path) -> bool:
     except (subprocess.SubprocessError, OSError) as err:
         logger.warning("nvidia-smi snapshot failed: %s", err)
         return False
-    path = Path(path)
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(result.stdout, encoding="utf-8")
     partial.replace(path)
@@ -419,10 +417,8 @@ class FootprintCallback(TrainerCallback):
 
 
 def find_tensorboard_callback(trainer: Trainer) -> TensorBoardCallback | None:
-    for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, TensorBoardCallback):
-            return callback
-    return None
+    callbacks = trainer.callback_handler.callbacks
+    return next((c for c in callbacks if isinstance(c, TensorBoardCallback)), None)
 
 
 def continue_tensorboard_log(callback: TensorBoardCallback, log_dir: Path, start_step: int) -> None:
