@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +50,7 @@ from common.run_contract import (
     read_gpt_summary,
 )
 from pretrain.batches import BlockSchedule
+from pretrain.blocks.cache import signals_handled
 from pretrain.metrics import local_tensor
 
 logger = logging.getLogger(__name__)
@@ -379,24 +379,17 @@ class CheckpointOnSignalCallback(TrainerCallback):
     synchronises anyway; a single process checks after every step.
     """
 
-    def __init__(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> None:
-        self.signals = signals
+    def __init__(self) -> None:
         self.received: signal.Signals | None = None
         self.stopped_at_step: int | None = None
         self._loop = "before"  # "before", "running" or "done"
 
     @contextmanager
     def caught(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning("not in the main thread: no checkpoint on SIGTERM/SIGUSR1")
+        with signals_handled(STOP_SIGNALS, self._handle) as handled:
+            if not handled:
+                logger.warning("not in the main thread: no checkpoint on SIGTERM/SIGUSR1")
             yield
-            return
-        previous = {sig: signal.signal(sig, self._handle) for sig in self.signals}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame) -> None:
         received = signal.Signals(signum)

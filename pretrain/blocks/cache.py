@@ -26,7 +26,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ import datasets
 from common.cli import InputError, RunFailed
 from common.corpus import CorpusArguments, corpus_fingerprint
 from common.files import atomic_dir, damage_in, exclusive_lock
-from common.run_contract import DOCUMENT_SPLIT_FILE
+from common.run_contract import DOCUMENT_SPLIT_FILE, STOP_SIGNALS
 from common.tokenization import check_tokenizer_dir, load_tokenizer
 from pretrain.blocks.args import DataArguments
 from pretrain.blocks.packing import PIPELINE_VERSION, STATS_FILE, build_blocks
@@ -119,7 +119,7 @@ def build_cache(
         )
     if tokenizer is None:
         tokenizer = load_tokenizer(data_args.tokenizer_dir)
-    with atomic_dir(folder) as tmp_dir, stop_cleanly_on_termination():
+    with atomic_dir(folder) as tmp_dir, signals_handled(STOP_SIGNALS, stop_on_termination):
         build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
     logger.info("packed blocks saved in %s", folder)
 
@@ -134,25 +134,27 @@ def cache_damage(folder: Path) -> str | None:
 
 
 @contextmanager
-def stop_cleanly_on_termination() -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGUSR1 (Slurm's warning before the time limit) end
-    the process with exit code 128 + signal, through the unfinished folder's clean-up."""
+def signals_handled(signals: tuple[signal.Signals, ...], handler: Callable) -> Iterator[bool]:
+    """While the block runs, `handler` handles `signals`; yields whether it does (only the
+    main thread can install a handler: elsewhere nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield False
         return
-
-    def stop(signum: int, frame) -> None:
-        logger.warning(
-            "stopped by %s while preparing blocks; nothing was kept", signal.Signals(signum).name
-        )
-        raise SystemExit(128 + signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
-        yield
+        yield True
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, earlier in previous.items():
+            signal.signal(sig, earlier)
+
+
+def stop_on_termination(signum: int, frame) -> None:
+    """SIGTERM and SIGUSR1 (Slurm's warning before the time limit) while the blocks are built
+    end the process with exit code 128 + signal, through the unfinished folder's clean-up."""
+    logger.warning(
+        "stopped by %s while preparing blocks; nothing was kept", signal.Signals(signum).name
+    )
+    raise SystemExit(128 + signum)
 
 
 @contextmanager
