@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, get_type_hints
 
 from transformers import GPT2Config, PreTrainedTokenizerBase, TrainingArguments
 from transformers.activations import ACT2FN
@@ -242,13 +242,10 @@ class PretrainArguments(NamedTuple):
     def to_dict(self, *extra: Any) -> dict[str, dict[str, Any]]:
         """The resolved values, keyed by dataclass name (TrainingArguments hides secrets), the
         `extra` option objects of a loop first."""
-        return {type(arguments).__name__: dataclasses.asdict(arguments) for arguments in extra} | {
-            "ModelArguments": dataclasses.asdict(self.model),
-            "CorpusArguments": dataclasses.asdict(self.corpus),
-            "DataArguments": dataclasses.asdict(self.data),
-            "ReportArguments": dataclasses.asdict(self.report),
-            "TrainingArguments": self.training.to_dict(),
-        }
+        return {
+            type(arguments).__name__: dataclasses.asdict(arguments)
+            for arguments in (*extra, self.model, self.corpus, self.data, self.report)
+        } | {"TrainingArguments": self.training.to_dict()}
 
     @classmethod
     def parse(
@@ -260,17 +257,6 @@ class PretrainArguments(NamedTuple):
     ) -> tuple[Any, ...]:
         """The `extra` option objects of a loop, then `PretrainArguments`, from flags and
         `--config`."""
-        values = parse_args(
-            (
-                *extra,
-                ModelArguments,
-                CorpusArguments,
-                DataArguments,
-                ReportArguments,
-                PretrainTrainingArguments,
-            ),
-            argv,
-            description=description,
-            prog=prog,
-        )
+        option_classes = get_type_hints(cls).values()
+        values = parse_args((*extra, *option_classes), argv, description=description, prog=prog)
         return (*values[: len(extra)], cls(*values[len(extra) :]))
