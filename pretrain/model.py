@@ -8,6 +8,7 @@ the extra rows are never produced by the tokenizer and simply learn to be unlike
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -77,10 +78,7 @@ def build_model_config(
         )
     return GPT2Config(
         vocab_size=vocab_size,
-        n_positions=preset.n_positions,
-        n_embd=preset.n_embd,
-        n_layer=preset.n_layer,
-        n_head=preset.n_head,
+        **dataclasses.asdict(preset),
         resid_pdrop=dropout,
         embd_pdrop=dropout,
         attn_pdrop=dropout,
