@@ -193,9 +193,7 @@ def final_training_loss(logged_losses: list[float], window: int) -> tuple[float 
     the course judges the loss the model has at the end.
     """
     last = logged_losses[-window:]
-    if not last:
-        return None, 0
-    return sum(last) / len(last), len(last)
+    return (sum(last) / len(last) if last else None), len(last)
 
 
 def perplexity(loss: float | None) -> float | None:
