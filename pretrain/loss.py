@@ -99,10 +99,8 @@ def chunked_causal_lm_loss(
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (B*T, H)
     targets = shift_labels.reshape(-1).to(hidden.device)
     device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type):
-        compute_dtype = torch.get_autocast_dtype(device_type)
-    else:
-        compute_dtype = hidden.dtype
+    autocast = torch.is_autocast_enabled(device_type)
+    compute_dtype = torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
     compute_grads = torch.is_grad_enabled() and (
         hidden.requires_grad or lm_head_weight.requires_grad
     )
