@@ -328,9 +328,7 @@ class LoopClock:
         self, run: RunSetup, device: torch.device, snapshot_path: Path, budget: TimeBudget
     ) -> None:
         self.budget = budget
-        self.schedule = run.schedule
-        self.flops_per_token = run.flops_per_token
-        self.peak_flops_per_second = run.peak_flops_per_second
+        self.run = run
         self.snapshot_path = snapshot_path
         self.gpu = GpuReadings(device)
         self.snapshot_taken = False
@@ -356,16 +354,17 @@ class LoopClock:
         if step <= self._window_step:
             return {}
         now = time.perf_counter()
-        tokens = self.schedule.tokens_seen(step) - self.schedule.tokens_seen(self._window_step)
+        schedule = self.run.schedule
+        tokens = schedule.tokens_seen(step) - schedule.tokens_seen(self._window_step)
         tokens_per_second = tokens / (now - self._window_start)
         self._window_start, self._window_step = now, step
         scalars = {TOKENS_PER_SECOND: tokens_per_second, **self.gpu.read()}
         mfu = model_flops_utilization(
-            tokens_per_second, self.flops_per_token, self.peak_flops_per_second
+            tokens_per_second, self.run.flops_per_token, self.run.peak_flops_per_second
         )
         if mfu is not None:
             scalars[MFU] = mfu
-        if not self.snapshot_taken and step >= self.schedule.max_steps // 2:
+        if not self.snapshot_taken and step >= schedule.max_steps // 2:
             self.snapshot_taken = True
             write_nvidia_smi_snapshot(self.snapshot_path)
         return scalars
