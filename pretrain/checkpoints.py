@@ -408,19 +408,15 @@ class CheckpointOnSignalCallback(TrainerCallback):
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         self._loop = "running"
 
-    def _signal_on_any_rank(self, args: TrainingArguments) -> signal.Signals | None:
-        signum = torch.tensor([int(self.received or 0)], device=args.device)
-        dist.all_reduce(signum, op=dist.ReduceOp.MAX)
-        return signal.Signals(int(signum.item())) if signum.item() else None
-
     def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             if state.global_step % max(int(args.logging_steps), 1) != 0:
                 return
-            agreed = self._signal_on_any_rank(args)
-            if agreed is None:
+            signum = torch.tensor([int(self.received or 0)], device=args.device)
+            dist.all_reduce(signum, op=dist.ReduceOp.MAX)
+            if not signum.item():
                 return
-            self.received = agreed
+            self.received = signal.Signals(int(signum.item()))
         if self.received is not None and state.global_step < state.max_steps:
             self.stopped_at_step = state.global_step
             control.should_save = True
