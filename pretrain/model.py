@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
 
 from common.cli import InputError
-from pretrain.blocks.args import check_block_size
 from pretrain.library_fixes import use_causal_lm_loss
 
 logger = logging.getLogger(__name__)
@@ -66,7 +65,11 @@ def build_model_config(
             f"unknown model preset '{preset_name}'; choose one of {', '.join(PRESETS)}"
         )
     preset = PRESETS[preset_name]
-    check_block_size(block_size, preset.n_positions, f"preset '{preset_name}'")
+    if block_size > preset.n_positions:
+        raise InputError(
+            f"--block_size {block_size} is longer than the {preset.n_positions} positions of "
+            f"preset '{preset_name}'; pass --block_size {preset.n_positions} or less"
+        )
     num_tokens = len(tokenizer)
     if vocab_size is None:
         vocab_size = round_vocab_size(num_tokens)

@@ -8,15 +8,6 @@ from dataclasses import dataclass, field
 from common.cli import InputError
 
 
-def check_block_size(block_size: int, n_positions: int, model: str) -> None:
-    """Refuse blocks longer than the model's position embeddings (`model` names its source)."""
-    if block_size > n_positions:
-        raise InputError(
-            f"--block_size {block_size} is longer than the {n_positions} positions of {model}; "
-            f"pass --block_size {n_positions} or less"
-        )
-
-
 @dataclass
 class DataArguments:
     """Which tokenizer, how long the blocks are, how the corpus is split and budgeted."""
