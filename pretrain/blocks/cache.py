@@ -91,37 +91,26 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
                 f"cache folder {folder} exists but has no {STATS_FILE} (not written by this "
                 "program); delete it and run again"
             )
+        unfinished = sorted(cache_root.glob(f".{CACHE_FOLDER_PREFIX}-*.tmp-*"))
+        if unfinished:
+            logger.warning(
+                "ignoring %d unfinished cache folder(s) (%s): left by interrupted builds, or "
+                "being written by a build still running; delete them once none runs",
+                len(unfinished),
+                ", ".join(path.name for path in unfinished),
+            )
+        if tokenizer is None:
+            tokenizer = load_tokenizer(data_args.tokenizer_dir)
         context = {
             "cache_key": key,
             "corpus_fingerprint": fingerprint,
             "tokenizer_files_sha256": tokenizer_digest,
         }
-        build_cache(folder, corpus_args, data_args, tokenizer, context)
+        # Built in a temporary folder, renamed to `folder` when complete.
+        with atomic_dir(folder) as tmp_dir, signals_handled(STOP_SIGNALS, stop_on_termination):
+            build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
+        logger.info("packed blocks saved in %s", folder)
     return folder
-
-
-def build_cache(
-    folder: Path,
-    corpus_args: CorpusArguments,
-    data_args: DataArguments,
-    tokenizer,
-    context: dict[str, Any],
-) -> None:
-    """Build the cache into a temporary folder and rename it to `folder` when complete."""
-    cache_root = folder.parent
-    unfinished = sorted(cache_root.glob(f".{CACHE_FOLDER_PREFIX}-*.tmp-*"))
-    if unfinished:
-        logger.warning(
-            "ignoring %d unfinished cache folder(s) (%s): left by interrupted builds, or "
-            "being written by a build still running; delete them once none runs",
-            len(unfinished),
-            ", ".join(path.name for path in unfinished),
-        )
-    if tokenizer is None:
-        tokenizer = load_tokenizer(data_args.tokenizer_dir)
-    with atomic_dir(folder) as tmp_dir, signals_handled(STOP_SIGNALS, stop_on_termination):
-        build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
-    logger.info("packed blocks saved in %s", folder)
 
 
 def cache_damage(folder: Path) -> str | None:
