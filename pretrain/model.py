@@ -8,10 +8,9 @@ the extra rows are never produced by the tokenizer and simply learn to be unlike
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
 
@@ -23,8 +22,7 @@ logger = logging.getLogger(__name__)
 VOCAB_MULTIPLE = 128
 
 
-@dataclass(frozen=True)
-class ModelPreset:
+class ModelPreset(NamedTuple):
     """The shape of a GPT-2: depth, width, heads, and the longest sequence it can see."""
 
     n_layer: int
@@ -81,7 +79,7 @@ def build_model_config(
         )
     return GPT2Config(
         vocab_size=vocab_size,
-        **dataclasses.asdict(preset),
+        **preset._asdict(),
         resid_pdrop=dropout,
         embd_pdrop=dropout,
         attn_pdrop=dropout,
