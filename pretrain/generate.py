@@ -78,12 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-"):
         argv = ["--run_dir", *argv]  # the run folder may come first, without its flag
-    (args,) = parse_args(
-        [GenerateArguments],
-        argv,
-        description=__doc__,
-        prog="generate-text",
-    )
+    (args,) = parse_args([GenerateArguments], argv, description=__doc__, prog="generate-text")
     for index, text in enumerate(generate_texts(args)):
         if args.num_samples > 1:
             print(f"--- sample {index + 1}")

@@ -18,10 +18,7 @@ from pretrain.blocks.cache import prepare_blocks
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     corpus_args, data_args = parse_args(
-        [CorpusArguments, DataArguments],
-        argv,
-        description=__doc__,
-        prog="prepare-blocks",
+        [CorpusArguments, DataArguments], argv, description=__doc__, prog="prepare-blocks"
     )
     print(prepare_blocks(corpus_args, data_args))
     return 0
