@@ -3,9 +3,8 @@
 `pretrain/run.py` takes `ModelArguments`, `common.corpus.CorpusArguments` (which text),
 `DataArguments`, `ReportArguments` and `PretrainTrainingArguments` (transformers'
 `TrainingArguments` with the pretraining defaults: optimisation, precision flags, checkpoints,
-output folder); `prepare-blocks` takes
-`CorpusArguments` and `DataArguments`; `generate-text` takes
-`GenerateArguments`. Each dataclass checks its own values when it is created and raises
+output folder); `prepare-blocks` takes `CorpusArguments` and `DataArguments`; `generate-text`
+takes `GenerateArguments`. Each dataclass checks its own values when it is created and raises
 `InputError` (one line: what, and how to fix it), so a bad value stops the program before
 anything is read or written.
 """

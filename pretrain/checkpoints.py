@@ -243,7 +243,6 @@ def check_same_run(checkpoint: Path, identity: dict[str, Any]) -> None:
 
 
 def finished_run_summary(output_dir: Path) -> dict[str, Any] | None:
-    """The summary of a run that finished in `output_dir`, or None."""
     return read_gpt_summary(output_dir) if (output_dir / GPT_SUMMARY_FILE).is_file() else None
 
 

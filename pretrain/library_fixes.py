@@ -176,7 +176,6 @@ CPU_NOTICES = {
 
 
 def quiet_cpu_notices() -> None:
-    """Drop the `CPU_NOTICES` lines."""
     for logger_name, start in CPU_NOTICES.items():
         logging.getLogger(logger_name).addFilter(
             lambda record, start=start: not record.getMessage().startswith(start)

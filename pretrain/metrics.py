@@ -309,7 +309,6 @@ class TimeBudget:
 
 
 def graphs_compiled() -> int:
-    """Graphs torch.compile (dynamo) has compiled in this process so far."""
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]

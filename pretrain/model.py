@@ -44,7 +44,6 @@ PRESETS: dict[str, ModelPreset] = {
 
 
 def round_vocab_size(num_tokens: int, multiple: int = VOCAB_MULTIPLE) -> int:
-    """Smallest multiple of `multiple` that holds `num_tokens` token ids."""
     return math.ceil(num_tokens / multiple) * multiple
 
 

@@ -183,7 +183,6 @@ def copy_document_split(cache_dir: str | Path, run_dir: str | Path) -> None:
 
 
 def read_stats(cache_dir: str | Path) -> dict[str, Any]:
-    """The `stats.json` of a packed-block cache."""
     return json.loads((Path(cache_dir) / STATS_FILE).read_text(encoding="utf-8"))
 
 
