@@ -114,12 +114,11 @@ def use_compile_cache(folder: Path, explicit: bool) -> None:
     sets its own default into the environment when torch is imported)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    library_defaults = {"TORCHINDUCTOR_CACHE_DIR": os.path.abspath(default_cache_dir())}
-    for variable, path in (
-        ("TORCHINDUCTOR_CACHE_DIR", folder),
-        ("TRITON_CACHE_DIR", folder / "triton"),
+    for variable, path, library_default in (
+        ("TORCHINDUCTOR_CACHE_DIR", folder, os.path.abspath(default_cache_dir())),
+        ("TRITON_CACHE_DIR", folder / "triton", None),
     ):
-        if explicit or os.environ.get(variable) in (None, library_defaults.get(variable)):
+        if explicit or os.environ.get(variable) in (None, library_default):
             os.environ[variable] = str(path.resolve())
 
 
