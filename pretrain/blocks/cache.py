@@ -172,8 +172,7 @@ def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
             f"{cache_dir} is not a packed-block cache (no {STATS_FILE}); "
             "make one with `prepare-blocks`"
         )
-    blocks = datasets.load_from_disk(str(cache_dir))
-    return blocks.with_format("torch")
+    return datasets.load_from_disk(str(cache_dir)).with_format("torch")
 
 
 def copy_document_split(cache_dir: str | Path, run_dir: str | Path) -> None:

@@ -91,8 +91,8 @@ def build_blocks(
     data_args: DataArguments,
     tokenizer,
     context: dict[str, Any],
-) -> dict[str, Any]:
-    """Read, tokenize, split, pack and save into `folder`; return what went into stats.json."""
+) -> None:
+    """Read, tokenize, split, pack and save into `folder`, stats.json last."""
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     corpus_stats = CorpusStats()
@@ -206,7 +206,6 @@ def build_blocks(
         f"{split_stats['validation']['num_blocks']:,}",
         stats["unigram_entropy_nats"],
     )
-    return stats
 
 
 def route_tokens(
