@@ -319,9 +319,8 @@ class DivergenceCallback(TrainerCallback):
     infinite gradient is a skipped step, not a divergence: only the loss counts there.
     """
 
-    def __init__(self) -> None:
-        self.diverged_at_step: int | None = None
-        self.reading: str | None = None
+    diverged_at_step: int | None = None
+    reading: str | None = None
 
     def on_log(self, args, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
         if not logs or self.diverged_at_step is not None:
@@ -378,10 +377,9 @@ class CheckpointOnSignalCallback(TrainerCallback):
     synchronises anyway; a single process checks after every step.
     """
 
-    def __init__(self) -> None:
-        self.received: signal.Signals | None = None
-        self.stopped_at_step: int | None = None
-        self._loop = "before"  # "before", "running" or "done"
+    received: signal.Signals | None = None
+    stopped_at_step: int | None = None
+    _loop = "before"  # "before", "running" or "done"
 
     @contextmanager
     def caught(self) -> Iterator[None]:

@@ -407,8 +407,7 @@ class FootprintCallback(TrainerCallback):
     them an FSDP2 process was seen holding two thirds of the model's weights instead of half.
     """
 
-    def __init__(self) -> None:
-        self.ranks: list[dict] | None = None
+    ranks: list[dict] | None = None
 
     def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         self.ranks = gather_object([rank_footprint(model, optimizer, args.device)])
