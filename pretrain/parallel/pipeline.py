@@ -109,12 +109,7 @@ class GPT2Pipeline:
         """One batch through the pipeline, gradients accumulated (averaged over microbatches)
         and the tied pair's gradients summed; the batch's mean loss on the last stage."""
         losses: list[torch.Tensor] = []
-        if self.stage.is_first:
-            self.schedule.step(input_ids, return_outputs=False)
-        elif self.stage.is_last:
-            self.schedule.step(target=input_ids, losses=losses, return_outputs=False)
-        else:
-            self.schedule.step(return_outputs=False)
+        self.schedule.step(input_ids, target=input_ids, losses=losses, return_outputs=False)
         tied = self.stage.tied_weight()
         if tied is not None:
             dist.all_reduce(tied.grad, group=self.tied_group)
@@ -128,12 +123,7 @@ class GPT2Pipeline:
         padding = input_ids[-1:].expand(self.num_microbatches - num_blocks, -1)
         input_ids = torch.cat([input_ids, padding])
         losses: list[torch.Tensor] = []
-        if self.stage.is_first:
-            self.schedule.eval(input_ids)
-        elif self.stage.is_last:
-            self.schedule.eval(target=input_ids, losses=losses)
-        else:
-            self.schedule.eval()
+        self.schedule.eval(input_ids, target=input_ids, losses=losses)
         return torch.stack(losses)[:num_blocks].detach() if losses else None
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
