@@ -97,9 +97,9 @@ class GPT2PipelineStage(nn.Module):
 
 @dataclass
 class GPT2Pipeline:
-    """This process's stage, the schedule that drives it, and the group of the tied pair."""
+    """This process's stage (`module`), its schedule, and the group of the tied pair."""
 
-    stage: GPT2PipelineStage
+    module: GPT2PipelineStage
     schedule: ScheduleGPipe | Schedule1F1B
     num_microbatches: int
     tied_group: dist.ProcessGroup
@@ -110,21 +110,22 @@ class GPT2Pipeline:
         and the tied pair's gradients summed; the batch's mean loss on the last stage."""
         losses: list[torch.Tensor] = []
         self.schedule.step(input_ids, target=input_ids, losses=losses, return_outputs=False)
-        tied = self.stage.tied_weight()
+        tied = self.module.tied_weight()
         if tied is not None:
             dist.all_reduce(tied.grad, group=self.tied_group)
         return torch.stack(losses).mean().detach() if losses else None
 
     def evaluate(self, input_ids: torch.Tensor) -> torch.Tensor | None:
-        """Each block's mean loss, forward only, for up to `num_microbatches` blocks (one
-        microbatch each), on the last stage; None on the others. A shorter chunk is padded
-        with copies of its last block, whose losses are dropped."""
-        num_blocks = len(input_ids)
-        padding = input_ids[-1:].expand(self.num_microbatches - num_blocks, -1)
-        input_ids = torch.cat([input_ids, padding])
+        """Each block's mean loss, forward only, `num_microbatches` blocks (one microbatch each)
+        at a time, on the last stage; None on the others. A shorter last chunk is padded with
+        copies of its last block, whose losses are dropped."""
         losses: list[torch.Tensor] = []
-        self.schedule.eval(input_ids, target=input_ids, losses=losses)
-        return torch.stack(losses)[:num_blocks].detach() if losses else None
+        for chunk in input_ids.split(self.num_microbatches):
+            padded = torch.cat([chunk, chunk[-1:].expand(self.num_microbatches - len(chunk), -1)])
+            chunk_losses: list[torch.Tensor] = []
+            self.schedule.eval(padded, target=padded, losses=chunk_losses)
+            losses += chunk_losses[: len(chunk)]
+        return torch.stack(losses).detach() if losses else None
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip every stage's gradients by the norm of the whole model's gradient; return it.
@@ -134,25 +135,25 @@ class GPT2Pipeline:
         """
         own = [
             p
-            for p in self.stage.parameters()
-            if not (self.stage.is_last and p is self.stage.tied_weight())
+            for p in self.module.parameters()
+            if not (self.module.is_last and p is self.module.tied_weight())
         ]
         local_norm = torch.nn.utils.get_total_norm([p.grad for p in own if p.grad is not None])
         squares = local_norm.square()
         dist.all_reduce(squares)
         total_norm = squares.sqrt()
-        torch.nn.utils.clip_grads_with_norm_(self.stage.parameters(), max_norm, total_norm)
+        torch.nn.utils.clip_grads_with_norm_(self.module.parameters(), max_norm, total_norm)
         return total_norm
 
     def tied_weight_difference(self) -> float | None:
         """Largest absolute difference between the two copies of the tied weight, on the last
         stage (which receives the first stage's copy); None on the other stages."""
-        tied = self.stage.tied_weight()
+        tied = self.module.tied_weight()
         if tied is None:
             return None
         first_copy = tied.detach().clone()
         dist.broadcast(first_copy, src=self.tied_ranks[0], group=self.tied_group)
-        if not self.stage.is_last:
+        if not self.module.is_last:
             return None
         return (first_copy - tied.detach()).abs().max().item()
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,21 +64,15 @@ from pretrain.checkpoints import divergence
 from pretrain.metrics import LoopClock, TimeBudget, rank_footprint
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
+    GPT2Pipeline,
     build_gpt2_pipeline,
     check_pipeline_arguments,
 )
-from pretrain.parallel.strategy import (
-    Strategy,
-    check_processes_joined,
-)
+from pretrain.parallel.strategy import Strategy, check_processes_joined
 from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
 from pretrain.plan import build_random_model, describe_run, finish_run, plan_run
 from pretrain.run_folder import hold_run_folder
-from pretrain.summary import (
-    LoopResult,
-    parameter_checksum,
-    run_summary,
-)
+from pretrain.summary import LoopResult, parameter_checksum, run_summary
 
 logger = logging.getLogger(__name__)
 
@@ -122,17 +116,27 @@ class ParallelArguments:
 
 
 @dataclass
-class LocalModel:
-    """The part of the model this process trains, and how a batch goes through it."""
+class WholeModel:
+    """The model on every process, whole (single) or each layer's matrices split (tp), driven
+    as the loop drives a `GPT2Pipeline`."""
 
-    module: nn.Module
-    forward_backward: Callable[[torch.Tensor], torch.Tensor | None]  # the loss where known
-    evaluate: Callable[[torch.Tensor], torch.Tensor | None]  # per-block mean losses
-    eval_batch_blocks: int  # blocks `evaluate` takes at once
-    clip_grad_norm_: Callable[[float], torch.Tensor]  # returns the whole model's norm
-    loss_rank: int  # the process that sees the loss
-    is_sharded: bool  # whether a process holds only part of the parameters
-    tied_weight_difference: Callable[[], float | None] = lambda: None
+    module: GPT2LMHeadModel
+
+    def forward_backward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        loss = self.module(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        return loss.detach()
+
+    def evaluate(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Each block's mean loss, one block at a time."""
+        blocks = [block[None] for block in input_ids]
+        return torch.stack([self.module(input_ids=block, labels=block).loss for block in blocks])
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        return clip_grad_norm_(self.module.parameters(), max_norm)
+
+    def tied_weight_difference(self) -> None:
+        return None
 
 
 @dataclass
@@ -199,45 +203,16 @@ def build_local_model(
     model: GPT2LMHeadModel,
     device: torch.device,
     parallel_args: ParallelArguments,
-) -> LocalModel:
+) -> WholeModel | GPT2Pipeline:
     """Split `model` (the same on every process) for `strategy`; keep this process's part."""
     if strategy == "pp":
-        pipeline = build_gpt2_pipeline(
+        return build_gpt2_pipeline(
             model, device, parallel_args.pipeline_schedule, parallel_args.num_microbatches
-        )
-        return LocalModel(
-            module=pipeline.stage,
-            forward_backward=pipeline.forward_backward,
-            evaluate=pipeline.evaluate,
-            eval_batch_blocks=parallel_args.num_microbatches,
-            clip_grad_norm_=pipeline.clip_grad_norm_,
-            loss_rank=dist.get_world_size() - 1,
-            is_sharded=True,
-            tied_weight_difference=pipeline.tied_weight_difference,
         )
     model.to(device)
     if strategy == "tp":
         parallelize_gpt2(model, init_device_mesh(device.type, (dist.get_world_size(),)))
-
-    def forward_backward(input_ids: torch.Tensor) -> torch.Tensor:
-        loss = model(input_ids=input_ids, labels=input_ids).loss
-        loss.backward()
-        return loss.detach()
-
-    def evaluate(input_ids: torch.Tensor) -> torch.Tensor:
-        losses = [model(input_ids=block[None], labels=block[None]).loss for block in input_ids]
-        return torch.stack(losses)
-
-    parameters = list(model.parameters())
-    return LocalModel(
-        module=model,
-        forward_backward=forward_backward,
-        evaluate=evaluate,
-        eval_batch_blocks=1,
-        clip_grad_norm_=lambda max_norm: clip_grad_norm_(parameters, max_norm),
-        loss_rank=0,
-        is_sharded=strategy == "tp",
-    )
+    return WholeModel(model)
 
 
 def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torch.optim.Optimizer:
@@ -264,7 +239,7 @@ def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torc
 
 
 def train_steps(
-    local: LocalModel,
+    local: WholeModel | GPT2Pipeline,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     batches: Iterator[torch.Tensor],
@@ -335,21 +310,17 @@ def training_batches(train_blocks: datasets.Dataset, schedule: BlockSchedule, se
 
 
 @torch.no_grad()
-def evaluate(local: LocalModel, blocks: datasets.Dataset, device: torch.device) -> float | None:
+def evaluate(
+    local: WholeModel | GPT2Pipeline, blocks: datasets.Dataset, device: torch.device
+) -> float | None:
     """Mean loss over the validation blocks (each block's mean, averaged), on the loss rank, as
     Trainer's evaluation computes it for blocks of equal length; None without blocks."""
     if not len(blocks):
         return None
     local.module.eval()
-    step = local.eval_batch_blocks
-    losses = [
-        local.evaluate(blocks[start : start + step]["input_ids"].to(device))
-        for start in range(0, len(blocks), step)
-    ]
+    losses = local.evaluate(blocks[:]["input_ids"].to(device))
     local.module.train()
-    if losses[0] is None:
-        return None
-    return torch.cat(losses).mean().item()
+    return None if losses is None else losses.mean().item()
 
 
 def train_model_parallel(
@@ -411,7 +382,9 @@ def train_model_parallel(
         schedule.block_size,
     )
     output_dir = Path(training_args.output_dir)
-    is_loss_rank = training_args.process_index == local.loss_rank
+    # The process that sees the loss: the pipeline's last stage, else every process (rank 0).
+    loss_rank = training_args.world_size - 1 if strategy == "pp" else 0
+    is_loss_rank = training_args.process_index == loss_rank
     if training_args.process_index == 0:
         plan.copy_document_split(output_dir)
     writer = SummaryWriter(str(output_dir / TENSORBOARD_DIR)) if is_loss_rank else None
@@ -428,7 +401,7 @@ def train_model_parallel(
             writer.add_scalar(EVAL_LOSS, eval_loss, schedule.max_steps)
         writer.close()
     logged_losses, eval_loss, tied_difference = broadcast_object_list(
-        [log.logged_losses, eval_loss, local.tied_weight_difference()], local.loss_rank
+        [log.logged_losses, eval_loss, local.tied_weight_difference()], loss_rank
     )
     result = LoopResult(
         start_step=0,
@@ -438,7 +411,8 @@ def train_model_parallel(
         loop_seconds=clock.loop_seconds,
         first_step_seconds=clock.first_step_seconds,
         ranks=ranks,
-        replica_checksums=None if local.is_sharded else [parameter_checksum(local.module)],
+        # Sharded parameters differ between processes by design: no replicas to compare.
+        replica_checksums=[parameter_checksum(local.module)] if strategy == "single" else None,
         checks={} if tied_difference is None else {"tied_weight_max_difference": tied_difference},
         diverged_at_step=log.diverged_at_step,
         divergence=log.divergence,
