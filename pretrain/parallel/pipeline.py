@@ -166,12 +166,8 @@ def check_pipeline_arguments(
     batch_size: int,
     last_batch_blocks: int | None = None,
 ) -> None:
-    """Refuse a pipeline that cannot run, or would not train like one process."""
-    if num_stages < 2:
-        raise InputError(
-            "pipeline parallelism needs at least 2 stages, one per process; launch with "
-            "torchrun --nproc_per_node 2 (or more)"
-        )
+    """Refuse a pipeline that cannot run, or would not train like one process (a pipeline of
+    one process is refused before, with any --strategy that splits the model)."""
     if num_stages > num_layers:
         raise InputError(
             f"{num_stages} pipeline stages for a model of {num_layers} layers leave a stage "
