@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -65,22 +64,9 @@ from pretrain.plan import (
 )
 from pretrain.precision import PrecisionChoice, resolve_precision
 from pretrain.run_folder import failures_in_one_line, hold_run_folder, save_final_model
-from pretrain.summary import LoopResult, RunSetup, replica_checksums, run_summary
+from pretrain.summary import LoopResult, replica_checksums, run_summary
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainerSetup:
-    """A Trainer ready to train, the callbacks the run reads back, and what was decided."""
-
-    trainer: Trainer
-    clock: LoopClock
-    footprint: FootprintCallback
-    stop_on_signal: CheckpointOnSignalCallback
-    divergence: DivergenceCallback
-    manifests: CheckpointManifestCallback
-    run: RunSetup
 
 
 def pretrain(args: PretrainArguments, budget: TimeBudget) -> int:
@@ -120,122 +106,122 @@ def train_and_summarise(
     is_main = training_args.process_index == 0
     if plan.finished is not None:
         return nothing_to_resume(plan.finished, output_dir, is_main)
-    setup = build_trainer(args, plan, request, precision, stop_on_signal, budget)
+    trainer_run = TrainerRun(args, plan, request, precision, stop_on_signal, budget)
     # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
-    checkpoint_bytes = 12 * setup.run.num_parameters
+    checkpoint_bytes = 12 * trainer_run.run.num_parameters
     with compiled_once(), failures_in_one_line(output_dir, checkpoint_bytes, is_main):
-        stopped_by = train(setup, plan)
+        stopped_by = trainer_run.train()
         if stopped_by is not None:
             return 128 + int(stopped_by)
-        finish_run(run_summary(setup.run, measure(setup, plan)), output_dir, is_main)
+        finish_run(run_summary(trainer_run.run, trainer_run.measure()), output_dir, is_main)
     return 0
 
 
-def build_trainer(
-    args: PretrainArguments,
-    plan: RunPlan,
-    request: Request,
-    precision: PrecisionChoice,
-    stop_on_signal: CheckpointOnSignalCallback,
-    budget: TimeBudget,
-) -> TrainerSetup:
-    """The random model, the Trainer around it (accelerate set up inside) and our callbacks;
-    the strategy accelerate set up is checked against the one `request`ed."""
-    training_args = args.training
-    model = build_random_model(args, plan)
-    budget.lap("model")
-    if training_args.torch_compile:
-        compile_cache = args.model.compile_cache_dir
-        use_compile_cache(
-            Path(compile_cache or Path(args.data.cache_dir) / "compile"),
-            explicit=bool(compile_cache),
+class TrainerRun:
+    """The random model, the Trainer around it (accelerate set up inside) and our callbacks,
+    read back after training; the strategy accelerate set up is checked against the one
+    `request`ed."""
+
+    def __init__(
+        self,
+        args: PretrainArguments,
+        plan: RunPlan,
+        request: Request,
+        precision: PrecisionChoice,
+        stop_on_signal: CheckpointOnSignalCallback,
+        budget: TimeBudget,
+    ) -> None:
+        training_args = args.training
+        model = build_random_model(args, plan)
+        budget.lap("model")
+        if training_args.torch_compile:
+            compile_cache = args.model.compile_cache_dir
+            use_compile_cache(
+                Path(compile_cache or Path(args.data.cache_dir) / "compile"),
+                explicit=bool(compile_cache),
+            )
+        output_dir = Path(training_args.output_dir)
+        tensorboard_dir = output_dir / TENSORBOARD_DIR
+        self.plan, self.stop_on_signal = plan, stop_on_signal
+        self.divergence = DivergenceCallback()
+        self.manifests = CheckpointManifestCallback(plan.identity)
+        apply_library_fixes()
+        with trainer_creation_environment(tensorboard_dir, args.model.compile_regions):
+            self.trainer = trainer = Trainer(
+                model=model,
+                args=training_args,
+                train_dataset=plan.blocks["train"],
+                eval_dataset=plan.blocks["validation"] if len(plan.blocks["validation"]) else None,
+                data_collator=collate_blocks,
+                processing_class=plan.tokenizer,
+                callbacks=[stop_on_signal, self.divergence, self.manifests],
+            )
+        # From here accelerate has set up the processes, devices and precision it will train with.
+        accelerator_state = str(trainer.accelerator.state)
+        logger.info("accelerator state:\n%s", accelerator_state)
+        strategy = check_strategy(request, trainer.accelerator)
+        logger.info(
+            "parallelism: %s (%s, %d processes), as requested",
+            strategy.name,
+            strategy.distributed_type,
+            strategy.num_processes,
         )
-    output_dir = Path(training_args.output_dir)
-    tensorboard_dir = output_dir / TENSORBOARD_DIR
-    divergence = DivergenceCallback()
-    manifests = CheckpointManifestCallback(plan.identity)
-    apply_library_fixes()
-    with trainer_creation_environment(tensorboard_dir, args.model.compile_regions):
-        trainer = Trainer(
-            model=model,
-            args=training_args,
-            train_dataset=plan.blocks["train"],
-            eval_dataset=plan.blocks["validation"] if len(plan.blocks["validation"]) else None,
-            data_collator=collate_blocks,
-            processing_class=plan.tokenizer,
-            callbacks=[stop_on_signal, divergence, manifests],
+        tensorboard = find_tensorboard_callback(trainer)
+        if tensorboard is not None and trainer.is_world_process_zero():
+            continue_tensorboard_log(tensorboard, tensorboard_dir, plan.resumed_from_step)
+        self.run = describe_run(
+            args, plan, model, strategy, accelerator_state, precision.name, precision.tf32
         )
-    # From here accelerate has set up the processes, devices and precision it will train with.
-    accelerator_state = str(trainer.accelerator.state)
-    logger.info("accelerator state:\n%s", accelerator_state)
-    strategy = check_strategy(request, trainer.accelerator)
-    logger.info(
-        "parallelism: %s (%s, %d processes), as requested",
-        strategy.name,
-        strategy.distributed_type,
-        strategy.num_processes,
-    )
-    tensorboard = find_tensorboard_callback(trainer)
-    if tensorboard is not None and trainer.is_world_process_zero():
-        continue_tensorboard_log(tensorboard, tensorboard_dir, plan.resumed_from_step)
-    run = describe_run(
-        args, plan, model, strategy, accelerator_state, precision.name, precision.tf32
-    )
-    run.config["precision_source"] = precision.source
-    clock = LoopClock(run, training_args.device, output_dir / NVIDIA_SMI_FILE, budget)
-    trainer.add_callback(ThroughputCallback(tensorboard, clock))
-    footprint = FootprintCallback()
-    trainer.add_callback(footprint)
-    return TrainerSetup(trainer, clock, footprint, stop_on_signal, divergence, manifests, run)
+        self.run.config["precision_source"] = precision.source
+        self.clock = LoopClock(self.run, training_args.device, output_dir / NVIDIA_SMI_FILE, budget)
+        trainer.add_callback(ThroughputCallback(tensorboard, self.clock))
+        self.footprint = FootprintCallback()
+        trainer.add_callback(self.footprint)
 
+    def train(self) -> signal.Signals | None:
+        """Train to the end and save `final/` (not for a run that diverged); or the signal that
+        stopped training at a checkpoint."""
+        trainer, resume = self.trainer, self.plan.resume_checkpoint
+        if trainer.is_world_process_zero():
+            self.plan.copy_document_split(trainer.args.output_dir)
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        self.clock.budget.lap("other")  # Trainer's own work after the loop
+        stop = self.stop_on_signal
+        if stop.stopped_at_step is not None:
+            logger.warning(
+                "stopped by %s at step %d of %d after saving a checkpoint; continue with "
+                "--resume_from_checkpoint auto",
+                stop.received.name,
+                stop.stopped_at_step,
+                self.plan.schedule.max_steps,
+            )
+            return stop.received
+        if self.divergence.diverged_at_step is None:
+            save_final_model(trainer, Path(trainer.args.output_dir) / FINAL_MODEL_DIR)
+            self.clock.budget.lap("final_save")
+        return None
 
-def train(setup: TrainerSetup, plan: RunPlan) -> signal.Signals | None:
-    """Train to the end and save `final/` (not for a run that diverged); or the signal that
-    stopped training at a checkpoint."""
-    trainer = setup.trainer
-    resume = plan.resume_checkpoint
-    if trainer.is_world_process_zero():
-        plan.copy_document_split(trainer.args.output_dir)
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    setup.clock.budget.lap("other")  # Trainer's own work after the loop
-    stop = setup.stop_on_signal
-    if stop.stopped_at_step is not None:
-        logger.warning(
-            "stopped by %s at step %d of %d after saving a checkpoint; continue with "
-            "--resume_from_checkpoint auto",
-            stop.received.name,
-            stop.stopped_at_step,
-            plan.schedule.max_steps,
+    def measure(self) -> LoopResult:
+        """Evaluate once (unless the run diverged), then collect what the loop measured."""
+        trainer, divergence = self.trainer, self.divergence
+        eval_loss = None
+        if trainer.eval_dataset is not None and divergence.diverged_at_step is None:
+            eval_loss = evaluate_blocks(trainer)
+            self.clock.budget.lap("final_eval")
+        return LoopResult(
+            start_step=self.plan.resumed_from_step,
+            global_step=trainer.state.global_step,
+            logged_losses=[entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+            eval_loss=eval_loss,
+            loop_seconds=self.clock.loop_seconds,
+            first_step_seconds=self.clock.first_step_seconds,
+            ranks=self.footprint.ranks,
+            replica_checksums=replica_checksums(trainer),
+            diverged_at_step=divergence.diverged_at_step,
+            divergence=divergence.reading,
+            budget=self.clock.budget,
+            checkpoint_saves=self.manifests.saves,
         )
-        return stop.received
-    if setup.divergence.diverged_at_step is None:
-        save_final_model(trainer, Path(trainer.args.output_dir) / FINAL_MODEL_DIR)
-        setup.clock.budget.lap("final_save")
-    return None
-
-
-def measure(setup: TrainerSetup, plan: RunPlan) -> LoopResult:
-    """Evaluate once (unless the run diverged), then collect what the loop measured."""
-    trainer = setup.trainer
-    divergence = setup.divergence
-    eval_loss = None
-    if trainer.eval_dataset is not None and divergence.diverged_at_step is None:
-        eval_loss = evaluate_blocks(trainer)
-        setup.clock.budget.lap("final_eval")
-    return LoopResult(
-        start_step=plan.resumed_from_step,
-        global_step=trainer.state.global_step,
-        logged_losses=[entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
-        eval_loss=eval_loss,
-        loop_seconds=setup.clock.loop_seconds,
-        first_step_seconds=setup.clock.first_step_seconds,
-        ranks=setup.footprint.ranks,
-        replica_checksums=replica_checksums(trainer),
-        diverged_at_step=divergence.diverged_at_step,
-        divergence=divergence.reading,
-        budget=setup.clock.budget,
-        checkpoint_saves=setup.manifests.saves,
-    )
 
 
 @torch.no_grad()
