@@ -243,14 +243,13 @@ def train_steps(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     batches: Iterator[torch.Tensor],
-    num_steps: int,
     training_args: TrainingArguments,
     clock: LoopClock,
     writer: SummaryWriter | None,
 ) -> StepLog:
     """One optimizer step per batch, logged as Trainer logs: each logging window's mean loss
     and the last grad norm and learning rate, with the window's speed, to TensorBoard."""
-    device = training_args.device
+    device, num_steps = training_args.device, training_args.max_steps  # plan_run's max_steps
     max_norm = training_args.max_grad_norm if training_args.max_grad_norm > 0 else math.inf
     state = TrainerState()
     state.compute_steps(training_args, num_steps)  # Trainer's logging interval
@@ -390,9 +389,7 @@ def train_model_parallel(
     writer = SummaryWriter(str(output_dir / TENSORBOARD_DIR)) if is_loss_rank else None
     clock = LoopClock(run, device, output_dir / NVIDIA_SMI_FILE, budget)
     batches = training_batches(plan.blocks["train"], schedule, training_args.seed)
-    log = train_steps(
-        local, optimizer, scheduler, batches, schedule.max_steps, training_args, clock, writer
-    )
+    log = train_steps(local, optimizer, scheduler, batches, training_args, clock, writer)
     ranks = gather_object([rank_footprint(local.module, optimizer, device)])
     eval_loss = None if log.diverged_at_step else evaluate(local, plan.blocks["validation"], device)
     budget.lap("final_eval")
