@@ -10,11 +10,10 @@ that diverged failed in one line.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +171,7 @@ def budget_in_whole_batches(args: PretrainArguments, batch_blocks: int) -> DataA
         rounded // batch_tokens,
         f"{batch_tokens:,}",
     )
-    return dataclasses.replace(data_args, max_train_tokens=rounded)
+    return replace(data_args, max_train_tokens=rounded)
 
 
 def check_budget_fills_a_batch(args: PretrainArguments, batch_blocks: int) -> None:
