@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, get_type_hints
 
 from transformers import GPT2Config, PreTrainedTokenizerBase, TrainingArguments
 from transformers.activations import ACT2FN
+from transformers.hf_argparser import HfArg
 
 from common.cli import InputError, parse_args
 from common.corpus import CorpusArguments
@@ -30,60 +31,45 @@ from pretrain.model import PRESETS, build_model_config
 class ModelArguments:
     """Which GPT-2 to build; weights are always random (training from scratch)."""
 
-    model_preset: str = field(
-        default="gpt2-117m",
-        metadata={"help": f"Model shape, one of: {', '.join(PRESETS)}."},
+    model_preset: str = HfArg(
+        default="gpt2-117m", help=f"Model shape, one of: {', '.join(PRESETS)}."
     )
-    vocab_size: int | None = field(
+    vocab_size: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Embedding rows (at least the tokenizer's size). Default: the tokenizer's "
-            "size rounded up to a multiple of 128."
-        },
+        help="Embedding rows (at least the tokenizer's size). Default: the tokenizer's "
+        "size rounded up to a multiple of 128.",
     )
-    dropout: float = field(
+    dropout: float = HfArg(
         default=0.0,
-        metadata={
-            "help": "Dropout on embeddings, attention and residuals; 0: one pass over the "
-            "data cannot overfit, and dropout slows learning."
-        },
+        help="Dropout on embeddings, attention and residuals; 0: one pass over the "
+        "data cannot overfit, and dropout slows learning.",
     )
-    attn_implementation: str = field(
+    attn_implementation: str = HfArg(
         default="sdpa",
-        metadata={
-            "help": "Attention kernel: 'sdpa' (torch's, flash on recent GPUs), 'eager', or "
-            "'flash_attention_2' if installed."
-        },
+        help="Attention kernel: 'sdpa' (torch's, flash on recent GPUs), 'eager', or "
+        "'flash_attention_2' if installed.",
     )
-    loss_implementation: str = field(
+    loss_implementation: str = HfArg(
         default="hf",
-        metadata={
-            "choices": list(LOSS_IMPLEMENTATIONS),
-            "help": "'hf' (transformers' loss over all fp32 logits) or 'chunked' (the same, a "
-            "few thousand positions at a time: far less memory; pretrain/loss.py).",
-        },
+        help="'hf' (transformers' loss over all fp32 logits) or 'chunked' (the same, a "
+        "few thousand positions at a time: far less memory; pretrain/loss.py).",
+        metadata={"choices": list(LOSS_IMPLEMENTATIONS)},
     )
-    compile_regions: bool = field(
+    compile_regions: bool = HfArg(
         default=True,
-        metadata={
-            "help": "With --torch_compile: compile one transformer block and reuse it for all "
-            "(accelerate's regional compilation), much sooner than the whole model."
-        },
+        help="With --torch_compile: compile one transformer block and reuse it for all "
+        "(accelerate's regional compilation), much sooner than the whole model.",
     )
 
-    activation_function: str = field(
+    activation_function: str = HfArg(
         default="gelu_pytorch_tanh",
-        metadata={
-            "help": "The MLP's activation: GPT-2's tanh GELU as one kernel; 'gelu_new' is the "
-            "same function in several (GPT-2's code)."
-        },
+        help="The MLP's activation: GPT-2's tanh GELU as one kernel; 'gelu_new' is the "
+        "same function in several (GPT-2's code).",
     )
-    compile_cache_dir: str | None = field(
+    compile_cache_dir: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Folder of torch.compile's code, reused by the next run of the model. "
-            "Default: --cache_dir/compile (or TORCHINDUCTOR_CACHE_DIR if set)."
-        },
+        help="Folder of torch.compile's code, reused by the next run of the model. "
+        "Default: --cache_dir/compile (or TORCHINDUCTOR_CACHE_DIR if set).",
     )
 
     def model_config(self, tokenizer: PreTrainedTokenizerBase, block_size: int) -> GPT2Config:
@@ -113,23 +99,18 @@ class ModelArguments:
 class ReportArguments:
     """How the run is measured and judged in TensorBoard and run_summary.json."""
 
-    final_loss_window: int = field(
+    final_loss_window: int = HfArg(
         default=5,
-        metadata={
-            "help": "The final loss is the mean of this many last logged training losses "
-            "(each already a mean over --logging_steps steps)."
-        },
+        help="The final loss is the mean of this many last logged training losses "
+        "(each already a mean over --logging_steps steps).",
     )
-    loss_threshold: float = field(
-        default=7.0,
-        metadata={"help": "The run passes when its final loss is below this value."},
+    loss_threshold: float = HfArg(
+        default=7.0, help="The run passes when its final loss is below this value."
     )
-    peak_tflops: float | None = field(
+    peak_tflops: float | None = HfArg(
         default=None,
-        metadata={
-            "help": "Peak TFLOP/s of one device, for MFU. Default: looked up from the GPU name "
-            "(dense 16-bit tensor-core peak); no MFU on CPU unless given."
-        },
+        help="Peak TFLOP/s of one device, for MFU. Default: looked up from the GPU name "
+        "(dense 16-bit tensor-core peak); no MFU on CPU unless given.",
     )
 
     def __post_init__(self) -> None:
@@ -143,22 +124,14 @@ class ReportArguments:
 class GenerateArguments:
     """Which model to sample from, and how."""
 
-    run_dir: str = field(
-        metadata={"help": "Run folder (uses its final/ model) or a model folder (checkpoint)."}
-    )
-    prompt: str = field(
-        default="", metadata={"help": "Text to continue; empty starts from end-of-text."}
-    )
-    max_new_tokens: int = field(default=60, metadata={"help": "Tokens to sample per text."})
-    num_samples: int = field(default=1, metadata={"help": "How many continuations to print."})
-    temperature: float = field(
-        default=0.8, metadata={"help": "Softmax temperature: lower is more conservative."}
-    )
-    top_k: int = field(default=50, metadata={"help": "Sample among the k most likely tokens."})
-    seed: int = field(default=0, metadata={"help": "Random seed, for repeatable samples."})
-    device: str = field(
-        default="auto", metadata={"help": "'auto' (a GPU if there is one), 'cpu' or 'cuda'."}
-    )
+    run_dir: str = HfArg(help="Run folder (uses its final/ model) or a model folder (checkpoint).")
+    prompt: str = HfArg(default="", help="Text to continue; empty starts from end-of-text.")
+    max_new_tokens: int = HfArg(default=60, help="Tokens to sample per text.")
+    num_samples: int = HfArg(default=1, help="How many continuations to print.")
+    temperature: float = HfArg(default=0.8, help="Softmax temperature: lower is more conservative.")
+    top_k: int = HfArg(default=50, help="Sample among the k most likely tokens.")
+    seed: int = HfArg(default=0, help="Random seed, for repeatable samples.")
+    device: str = HfArg(default="auto", help="'auto' (a GPU if there is one), 'cpu' or 'cuda'.")
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or self.num_samples < 1 or self.top_k < 1:
@@ -190,32 +163,23 @@ class PretrainTrainingArguments(TrainingArguments):
         + ("bf16", "fp16", "tf32", "torch_compile", "logging_steps")
         + ("save_strategy", "save_steps", "save_total_limit")
     )
-    max_steps: int = field(
+    max_steps: int = HfArg(
         default=-1,
-        metadata={
-            "help": "Stop after this many steps (a quick check); default: one pass over the "
-            "token budget."
-        },
+        help="Stop after this many steps (a quick check); default: one pass over the token budget.",
     )
-    logging_first_step: bool = field(default=True, metadata={"help": "Log the first step's loss."})
-    prediction_loss_only: bool = field(
+    logging_first_step: bool = HfArg(default=True, help="Log the first step's loss.")
+    prediction_loss_only: bool = HfArg(
         default=True,
-        metadata={
-            "help": "Evaluation keeps the loss only, not blocks x positions x vocabulary logits."
-        },
+        help="Evaluation keeps the loss only, not blocks x positions x vocabulary logits.",
     )
-    whole_batches: bool = field(
+    whole_batches: bool = HfArg(
         default=True,
-        metadata={
-            "help": "Round --max_train_tokens up to whole global batches: every step has one "
-            "shape, compiled once (12M -> 184 x 65,536 tokens); false: the last step smaller."
-        },
+        help="Round --max_train_tokens up to whole global batches: every step has one "
+        "shape, compiled once (12M -> 184 x 65,536 tokens); false: the last step smaller.",
     )
-    report_to: None | str | list[str] = field(
+    report_to: None | str | list[str] = HfArg(
         default="tensorboard",
-        metadata={
-            "help": "Where Trainer logs: TensorBoard always (the report reads it), and these."
-        },
+        help="Where Trainer logs: TensorBoard always (the report reads it), and these.",
     )
 
     def __post_init__(self) -> None:

@@ -3,7 +3,9 @@ split and budgeted. `prepare-blocks` and every training entry point take `DataAr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from transformers.hf_argparser import HfArg
 
 from common.cli import InputError
 
@@ -12,45 +14,33 @@ from common.cli import InputError
 class DataArguments:
     """Which tokenizer, how long the blocks are, how the corpus is split and budgeted."""
 
-    tokenizer_dir: str = field(
-        metadata={
-            "help": "Tokenizer folder (from train-tokenizer, or any saved Hugging Face fast "
-            "tokenizer with an eos token, e.g. GPT-2's)."
-        }
+    tokenizer_dir: str = HfArg(
+        help="Tokenizer folder (from train-tokenizer, or any saved Hugging Face fast "
+        "tokenizer with an eos token, e.g. GPT-2's)."
     )
-    cache_dir: str = field(
+    cache_dir: str = HfArg(
         default="data/cache",
-        metadata={"help": "Folder that holds the packed-block caches, one subfolder per input."},
+        help="Folder that holds the packed-block caches, one subfolder per input.",
     )
-    block_size: int = field(
-        default=1024, metadata={"help": "Tokens per training example (the context length)."}
-    )
-    validation_fraction: float = field(
+    block_size: int = HfArg(default=1024, help="Tokens per training example (the context length).")
+    validation_fraction: float = HfArg(
         default=0.005,
-        metadata={
-            "help": "Share of documents held out for validation (at least enough for one block)."
-        },
+        help="Share of documents held out for validation (at least enough for one block).",
     )
-    max_train_tokens: int | None = field(
+    max_train_tokens: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Token budget: keep exactly ceil(max_train_tokens / block_size) training "
-            "blocks, a seeded random sample of the corpus (default: all blocks)."
-        },
+        help="Token budget: keep exactly ceil(max_train_tokens / block_size) training "
+        "blocks, a seeded random sample of the corpus (default: all blocks).",
     )
-    repeat_corpus: bool = field(
+    repeat_corpus: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Allow a corpus smaller than --max_train_tokens: repeat it (reshuffled each "
-            "pass) to fill the budget. Without it a too-small corpus is an error."
-        },
+        help="Allow a corpus smaller than --max_train_tokens: repeat it (reshuffled each "
+        "pass) to fill the budget. Without it a too-small corpus is an error.",
     )
-    split_seed: int = field(
+    split_seed: int = HfArg(
         default=0,
-        metadata={
-            "help": "Seed of the document hash that picks the validation split and of the "
-            "shuffle that picks the budget's training blocks."
-        },
+        help="Seed of the document hash that picks the validation split and of the "
+        "shuffle that picks the budget's training blocks.",
     )
 
     def __post_init__(self) -> None:

@@ -48,6 +48,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils.tensorboard import SummaryWriter
 from transformers import GPT2LMHeadModel, Trainer, TrainerState, TrainingArguments, get_scheduler
+from transformers.hf_argparser import HfArg
 
 from common.cli import InputError, entry_point
 from common.run_contract import (
@@ -84,29 +85,23 @@ LOOP_STRATEGIES = {"single": "NO", "tp": "TENSOR_PARALLEL", "pp": "PIPELINE_PARA
 class ParallelArguments:
     """How the model is split across the processes that torchrun starts."""
 
-    strategy: str = field(
+    strategy: str = HfArg(
         default="single",
-        metadata={
-            "choices": list(LOOP_STRATEGIES),
-            "help": "'single': one process; 'tp': tensor parallel, every layer's matrices split "
-            "across the processes; 'pp': pipeline parallel, consecutive layers on each process, "
-            "microbatches flowing through them.",
-        },
+        help="'single': one process; 'tp': tensor parallel, every layer's matrices split "
+        "across the processes; 'pp': pipeline parallel, consecutive layers on each process, "
+        "microbatches flowing through them.",
+        metadata={"choices": list(LOOP_STRATEGIES)},
     )
-    pipeline_schedule: str = field(
+    pipeline_schedule: str = HfArg(
         default="1f1b",
-        metadata={
-            "choices": list(PIPELINE_SCHEDULES),
-            "help": "With --strategy pp: 'gpipe' (all forwards, then all backwards) or '1f1b' "
-            "(one forward, one backward in turn: fewer activations held).",
-        },
+        help="With --strategy pp: 'gpipe' (all forwards, then all backwards) or '1f1b' "
+        "(one forward, one backward in turn: fewer activations held).",
+        metadata={"choices": list(PIPELINE_SCHEDULES)},
     )
-    num_microbatches: int = field(
+    num_microbatches: int = HfArg(
         default=4,
-        metadata={
-            "help": "With --strategy pp: microbatches per step; must divide "
-            "--per_device_train_batch_size, and be at least the number of stages for 1f1b."
-        },
+        help="With --strategy pp: microbatches per step; must divide "
+        "--per_device_train_batch_size, and be at least the number of stages for 1f1b.",
     )
 
     @property
