@@ -321,7 +321,8 @@ def read_summary(row: ComparisonRow, spec: StrategySpec, summary: dict[str, Any]
     )
     row.peak_memory_bytes = max_over_ranks(ranks, "peak_memory_bytes")
     row.peak_memory_source = ranks[0]["peak_memory_source"]
-    row.tokens_per_second = row.global_batch_tokens / row.step_seconds
+    if row.step_seconds is not None:
+        row.tokens_per_second = row.global_batch_tokens / row.step_seconds
 
 
 def run_strategy(

@@ -13,7 +13,13 @@ from matplotlib import image as mpimg
 from parallel_runs import NUM_BLOCKS
 from pretrain_runs import BLOCK_SIZE, shared_data_paths
 
-from bench.compare_parallelism import STRATEGY_SPECS, main
+from bench.compare_parallelism import (
+    STRATEGY_SPECS,
+    ComparisonRow,
+    comparison_table,
+    main,
+    read_summary,
+)
 from common.run_contract import (
     GPT_SUMMARY_FILE,
     PARALLELISM_COMPARISON_FIGURE,
@@ -133,3 +139,24 @@ def test_bad_options_are_refused_before_anything_is_written(data_paths, tmp_path
     assert "invalid choice: 'zero4'" in errors[-2] and "zero3" in errors[-2]
     assert "--global_batch_size 5" in errors[-1] and "multiple" in errors[-1]
     assert not output_dir.exists()
+
+
+def test_a_run_without_a_step_time_shows_its_speed_as_missing():
+    # One step done: there is no step after the first to time.
+    rank = {"parameter_bytes": 100, "optimizer_state_bytes": 200, "peak_memory_bytes": 400,
+            "peak_memory_source": "rss"}  # fmt: skip
+    summary = {
+        "parallelism": {"strategy": "ddp", "ranks": [rank, rank]},
+        "speed_settings": {"precision": "fp32"},
+        "global_batch_tokens": 128,
+        "final_loss": 5.0,
+        "global_step": 1,
+        "first_step_seconds": 0.5,
+        "train_loop_seconds": 0.5,
+    }
+    row = ComparisonRow("ddp", "single", "command", "ddp", 2, 2, 1.0)
+    read_summary(row, STRATEGY_SPECS["ddp"], summary)
+    assert row.succeeded and row.step_seconds is None and row.tokens_per_second is None
+    (line,) = comparison_table([row])[2:]
+    cells = [cell.strip() for cell in line.split("|")[1:-1]]
+    assert cells[-3:] == ["-", "-", "ok"]
