@@ -35,12 +35,13 @@ import math
 import shlex
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from accelerate.utils.other import get_free_port
 from matplotlib.figure import Figure
+from transformers.hf_argparser import HfArg
 
 from bench.variants import REPO_ROOT, repo_environment, run_variant
 from common.cli import InputError, entry_point, parse_args
@@ -108,60 +109,44 @@ STRATEGY_SPECS = {
 class ComparisonArguments:
     """What to compare, on what, and the training options every strategy shares."""
 
-    output_dir: str = field(
-        metadata={
-            "help": "Folder to create: a run folder and a log per strategy, then "
-            "parallelism_comparison.json, .md and .png."
-        }
+    output_dir: str = HfArg(
+        help="Folder to create: a run folder and a log per strategy, then "
+        "parallelism_comparison.json, .md and .png."
     )
-    strategies: list[str] = field(
+    strategies: list[str] = HfArg(
         default_factory=lambda: list(STRATEGY_SPECS),
-        metadata={
-            "help": "Strategies to run (in the order of the choices; single is added).",
-            "choices": list(STRATEGY_SPECS),
-        },
+        help="Strategies to run (in the order of the choices; single is added).",
+        metadata={"choices": list(STRATEGY_SPECS)},
     )
-    num_processes: int = field(
-        default=2, metadata={"help": "Processes (GPUs with --device cuda) per strategy."}
-    )
-    device: str = field(
+    num_processes: int = HfArg(default=2, help="Processes (GPUs with --device cuda) per strategy.")
+    device: str = HfArg(
         default="cpu",
-        metadata={
-            "help": "'cpu': the cpu_*.yaml accelerate configs, fp32, one thread per process; "
-            "'cuda': the GPU configs (bf16 under Trainer; our loop trains in fp32).",
-            "choices": DEVICES,
-        },
+        help="'cpu': the cpu_*.yaml accelerate configs, fp32, one thread per process; "
+        "'cuda': the GPU configs (bf16 under Trainer; our loop trains in fp32).",
+        metadata={"choices": DEVICES},
     )
-    training_config: str | None = field(
+    training_config: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Training YAML for every strategy (default: pretrain/configs/tiny.yaml on "
-            "cpu, pretrain/configs/gpt2_117m.yaml on cuda)."
-        },
+        help="Training YAML for every strategy (default: pretrain/configs/tiny.yaml on "
+        "cpu, pretrain/configs/gpt2_117m.yaml on cuda).",
     )
-    max_steps: int = field(
+    max_steps: int = HfArg(
+        default=16, help="Optimizer steps per strategy (within one pass over the budget)."
+    )
+    global_batch_size: int = HfArg(
         default=16,
-        metadata={"help": "Optimizer steps per strategy (within one pass over the budget)."},
+        help="Blocks per optimizer step, for every strategy; a multiple of "
+        "--num_processes (data parallel splits it). 64 is the course batch of GPT-2 117M.",
     )
-    global_batch_size: int = field(
-        default=16,
-        metadata={
-            "help": "Blocks per optimizer step, for every strategy; a multiple of "
-            "--num_processes (data parallel splits it). 64 is the course batch of GPT-2 117M."
-        },
-    )
-    num_microbatches: int | None = field(
+    num_microbatches: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Microbatches per step of pp-gpipe and pp-1f1b (default: "
-            "pretrain.parallel.train's); must divide --global_batch_size."
-        },
+        help="Microbatches per step of pp-gpipe and pp-1f1b (default: "
+        "pretrain.parallel.train's); must divide --global_batch_size.",
     )
-    timeout_minutes: float = field(
-        default=60.0,
-        metadata={"help": "Stop a strategy that runs longer and record it as failed."},
+    timeout_minutes: float = HfArg(
+        default=60.0, help="Stop a strategy that runs longer and record it as failed."
     )
-    overwrite: bool = field(default=False, metadata={"help": "Replace an existing --output_dir."})
+    overwrite: bool = HfArg(default=False, help="Replace an existing --output_dir.")
 
     def __post_init__(self) -> None:
         if self.num_processes < 2:

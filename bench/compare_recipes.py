@@ -30,8 +30,10 @@ import shlex
 import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from transformers.hf_argparser import HfArg
 
 from bench.variants import REPO_ROOT, repo_environment, run_variant
 from common.cli import InputError, entry_point, load_config_file, parse_args
@@ -65,28 +67,21 @@ PROXY_FLAGS = [
 
 @dataclass
 class RecipeBenchArguments:
-    tokenizer_dirs: list[str] = field(
-        metadata={"help": "Tokenizer folder(s); several compare vocabularies."}
-    )
-    recipes: list[str] = field(
+    tokenizer_dirs: list[str] = HfArg(help="Tokenizer folder(s); several compare vocabularies.")
+    recipes: list[str] = HfArg(
         default_factory=lambda: ["tiny", "nanogpt_small", "nanogpt_gpt2", "run_clm"],
-        metadata={
-            "help": "Rows: a recipe name (a file in bench/recipes/, or a YAML path), optionally "
-            "followed by pretrain/run.py flags in the same argument."
-        },
+        help="Rows: a recipe name (a file in bench/recipes/, or a YAML path), optionally "
+        "followed by pretrain/run.py flags in the same argument.",
     )
-    seeds: list[int] = field(
+    seeds: list[int] = HfArg(
         default_factory=lambda: [0, 1, 2],
-        metadata={"help": "Training seeds (initial weights and block order) of every row."},
+        help="Training seeds (initial weights and block order) of every row.",
     )
-    output_dir: str = field(
-        default="runs/bench/recipes", metadata={"help": "Folder for table.md and the runs."}
+    output_dir: str = HfArg(default="runs/bench/recipes", help="Folder for table.md and the runs.")
+    num_threads: int = HfArg(
+        default=1, help="Torch threads per run: 1 keeps each seed's losses exactly repeatable."
     )
-    num_threads: int = field(
-        default=1,
-        metadata={"help": "Torch threads per run: 1 keeps each seed's losses exactly repeatable."},
-    )
-    num_parallel_runs: int = field(default=1, metadata={"help": "Runs at a time."})
+    num_parallel_runs: int = HfArg(default=1, help="Runs at a time.")
 
 
 def recipe_flags(spec: str) -> list[str]:

@@ -17,8 +17,10 @@ import site
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from transformers.hf_argparser import HfArg
 
 from common.cli import InputError, entry_point, parse_args
 from common.demo_corpus import HEADING_UNDERLINE
@@ -37,18 +39,15 @@ CORPUS_FILE = "docstrings.txt"
 
 @dataclass
 class DocstringCorpusArguments:
-    output_dir: str = field(
-        metadata={"help": f"Folder to (re)create with {CORPUS_FILE}, one document per line."}
+    output_dir: str = HfArg(help=f"Folder to (re)create with {CORPUS_FILE}, one document per line.")
+    max_megabytes: float = HfArg(
+        default=60.0, help="Stop after this many MB of text (12M tokens are about 50 MB)."
     )
-    max_megabytes: float = field(
-        default=60.0,
-        metadata={"help": "Stop after this many MB of text (12M tokens are about 50 MB)."},
-    )
-    package_roots: list[str] = field(
+    package_roots: list[str] = HfArg(
         default_factory=list,
-        metadata={"help": "Folders to scan for .py files (default: this Python's site-packages)."},
+        help="Folders to scan for .py files (default: this Python's site-packages).",
     )
-    num_proc: int = field(default=8, metadata={"help": "Processes reading files in parallel."})
+    num_proc: int = HfArg(default=8, help="Processes reading files in parallel.")
 
 
 def prose_document(docstring: str) -> str | None:

@@ -24,8 +24,10 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from transformers.hf_argparser import HfArg
 
 from bench.docstring_corpus import CORPUS_FILE, DocstringCorpusArguments, write_docstring_corpus
 from bench.variants import REPO_ROOT, finished_earlier, repo_environment, run_variant
@@ -85,39 +87,32 @@ SCALES = {
 
 @dataclass
 class AblationArguments:
-    output_dir: str | None = field(
+    output_dir: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Folder of inputs, runs and table.md (default: runs/bench_gpu_12m, with "
-            "another --scale runs/bench_gpu_12m_<scale>)."
-        },
+        help="Folder of inputs, runs and table.md (default: runs/bench_gpu_12m, with "
+        "another --scale runs/bench_gpu_12m_<scale>).",
     )
-    corpus: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Corpus paths (default: the installed packages' docstrings)."},
+    corpus: list[str] = HfArg(
+        default_factory=list, help="Corpus paths (default: the installed packages' docstrings)."
     )
-    tokenizer_dir: str | None = field(
-        default=None,
-        metadata={"help": "Tokenizer folder (default: trained on the corpus into output_dir)."},
+    tokenizer_dir: str | None = HfArg(
+        default=None, help="Tokenizer folder (default: trained on the corpus into output_dir)."
     )
-    rows: list[str] = field(
+    rows: list[str] = HfArg(
         default_factory=lambda: list(ROWS),
-        metadata={"help": "Rows to run, in the order listed.", "choices": list(ROWS)},
+        help="Rows to run, in the order listed.",
+        metadata={"choices": list(ROWS)},
     )
-    time_limit_s: float | None = field(
+    time_limit_s: float | None = HfArg(
         default=None,
-        metadata={
-            "help": "Seconds for everything, inputs included (default: 330, dry run 1200): a "
-            "row still running then is stopped; the table shows what finished, a rerun continues."
-        },
+        help="Seconds for everything, inputs included (default: 330, dry run 1200): a "
+        "row still running then is stopped; the table shows what finished, a rerun continues.",
     )
-    scale: str = field(
+    scale: str = HfArg(
         default="gpu",
-        metadata={
-            "help": "The course run on a GPU; dry_run: every row tiny on CPU, a check of the "
-            "script; cpu, cpu_117m: what runs measure on a CPU (the module's docstring).",
-            "choices": list(SCALES),
-        },
+        help="The course run on a GPU; dry_run: every row tiny on CPU, a check of the "
+        "script; cpu, cpu_117m: what runs measure on a CPU (the module's docstring).",
+        metadata={"choices": list(SCALES)},
     )
 
     def __post_init__(self) -> None:

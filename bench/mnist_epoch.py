@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,6 +29,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.datasets import MNIST
+from transformers.hf_argparser import HfArg
 
 from common.cli import entry_point, parse_args
 from mnist.args import MnistArguments
@@ -43,16 +44,13 @@ PIPELINES = ("torchvision", "dataset", "device")
 
 @dataclass
 class EpochBenchArguments:
-    data_dir: str | None = field(
-        default=None,
-        metadata={"help": "Folder with MNIST IDX files (default: the embedded 5k sample)."},
+    data_dir: str | None = HfArg(
+        default=None, help="Folder with MNIST IDX files (default: the embedded 5k sample)."
     )
-    batch_size: int = field(default=32, metadata={"help": "Digits per batch."})
-    repeats: int = field(default=5, metadata={"help": "Timed epochs per pipeline and mode."})
-    device: str = field(default="auto", metadata={"help": "auto, cpu or cuda."})
-    num_threads: int = field(
-        default=0, metadata={"help": "torch CPU threads (0: torch's default)."}
-    )
+    batch_size: int = HfArg(default=32, help="Digits per batch.")
+    repeats: int = HfArg(default=5, help="Timed epochs per pipeline and mode.")
+    device: str = HfArg(default="auto", help="auto, cpu or cuda.")
+    num_threads: int = HfArg(default=0, help="torch CPU threads (0: torch's default).")
 
 
 def torchvision_dataset(images: Tensor, labels: Tensor, root: Path) -> MNIST:

@@ -21,9 +21,10 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+from transformers.hf_argparser import HfArg
 
 from common.cli import entry_point, parse_args
 from pretrain.model import PRESETS, build_model, build_model_config
@@ -31,19 +32,19 @@ from pretrain.model import PRESETS, build_model, build_model_config
 
 @dataclass
 class ModelStepArguments:
-    nanogpt_model: str = field(metadata={"help": "nanoGPT's model.py."})
-    model_preset: str = field(default="proxy", metadata={"help": "Shape of both models."})
-    vocab_size: int = field(default=8192, metadata={"help": "Vocabulary of both models."})
-    batch_size: int = field(default=4, metadata={"help": "Sequences per step."})
-    block_size: int = field(default=256, metadata={"help": "Tokens per sequence."})
-    steps: int = field(default=20, metadata={"help": "Timed steps per measurement."})
-    pairs: int = field(default=3, metadata={"help": "Rounds, each measuring every side once."})
-    activations: list[str] = field(
+    nanogpt_model: str = HfArg(help="nanoGPT's model.py.")
+    model_preset: str = HfArg(default="proxy", help="Shape of both models.")
+    vocab_size: int = HfArg(default=8192, help="Vocabulary of both models.")
+    batch_size: int = HfArg(default=4, help="Sequences per step.")
+    block_size: int = HfArg(default=256, help="Tokens per sequence.")
+    steps: int = HfArg(default=20, help="Timed steps per measurement.")
+    pairs: int = HfArg(default=3, help="Rounds, each measuring every side once.")
+    activations: list[str] = HfArg(
         default_factory=lambda: ["gelu_new", "gelu_pytorch_tanh"],
-        metadata={"help": "The activations of ours to measure, each against nanoGPT."},
+        help="The activations of ours to measure, each against nanoGPT.",
     )
-    profile: bool = field(default=False, metadata={"help": "Print each side's top operators."})
-    side: str | None = field(default=None, metadata={"help": "(internal) measure one side."})
+    profile: bool = HfArg(default=False, help="Print each side's top operators.")
+    side: str | None = HfArg(default=None, help="(internal) measure one side.")
 
 
 def build(args: ModelStepArguments, side: str) -> torch.nn.Module:

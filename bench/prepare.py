@@ -34,13 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import datasets
 import pyarrow.compute as pc
+from transformers.hf_argparser import HfArg
 
 from bench.train_tokenizer import synthesize_wos_corpus
 from bench.variants import REPO_ROOT
@@ -61,52 +62,45 @@ MAP_BATCH_SIZE = 1000
 
 @dataclass
 class BenchArguments:
-    corpus: list[str] = field(
+    corpus: list[str] = HfArg(
         default_factory=list,
-        metadata={
-            "help": "Corpus to time (any input the corpus reader takes); default: synthetic."
-        },
+        help="Corpus to time (any input the corpus reader takes); default: synthetic.",
     )
-    sizes_mb: list[float] = field(
+    sizes_mb: list[float] = HfArg(
         default_factory=lambda: [60.0],
-        metadata={"help": "Sizes of the synthetic corpora in MB (1e6 bytes), one run each."},
+        help="Sizes of the synthetic corpora in MB (1e6 bytes), one run each.",
     )
-    contenders: list[str] = field(
+    contenders: list[str] = HfArg(
         default_factory=lambda: ["before", "after"],
-        metadata={"help": "Which pipelines to time.", "choices": CONTENDERS},
+        help="Which pipelines to time.",
+        metadata={"choices": CONTENDERS},
     )
-    baseline_commit: str = field(
-        default="861b422", metadata={"help": "The commit whose code is the `before` contender."}
+    baseline_commit: str = HfArg(
+        default="861b422", help="The commit whose code is the `before` contender."
     )
-    in_memory_max_mb: float = field(
+    in_memory_max_mb: float = HfArg(
         default=250.0,
-        metadata={
-            "help": "Largest corpus (MB) for `before` and `recipe`, which hold it in memory."
-        },
+        help="Largest corpus (MB) for `before` and `recipe`, which hold it in memory.",
     )
-    tokenizer_dir: str | None = field(
-        default=None,
-        metadata={"help": "Tokenizer folder to use; default: train one on the corpus's start."},
+    tokenizer_dir: str | None = HfArg(
+        default=None, help="Tokenizer folder to use; default: train one on the corpus's start."
     )
-    tokenizer_vocab_size: int = field(
-        default=32768, metadata={"help": "Vocabulary of the tokenizer trained when none is given."}
+    tokenizer_vocab_size: int = HfArg(
+        default=32768, help="Vocabulary of the tokenizer trained when none is given."
     )
-    tokenizer_training_mb: float = field(
-        default=10.0, metadata={"help": "MB of the corpus the default tokenizer is trained on."}
+    tokenizer_training_mb: float = HfArg(
+        default=10.0, help="MB of the corpus the default tokenizer is trained on."
     )
-    block_size: int = field(default=1024, metadata={"help": "Tokens per block."})
-    validation_fraction: float = field(
-        default=0.005, metadata={"help": "Share of documents held out, in every pipeline."}
+    block_size: int = HfArg(default=1024, help="Tokens per block.")
+    validation_fraction: float = HfArg(
+        default=0.005, help="Share of documents held out, in every pipeline."
     )
-    repeats: int = field(default=1, metadata={"help": "Side-by-side repeats per size."})
-    output_json: str | None = field(
-        default=None, metadata={"help": "Also write the results to this JSON file."}
+    repeats: int = HfArg(default=1, help="Side-by-side repeats per size.")
+    output_json: str | None = HfArg(default=None, help="Also write the results to this JSON file.")
+    child: str | None = HfArg(
+        default=None, help="Internal: run this contender here and print its result as JSON."
     )
-    child: str | None = field(
-        default=None,
-        metadata={"help": "Internal: run this contender here and print its result as JSON."},
-    )
-    output_dir: str | None = field(default=None, metadata={"help": "Internal: the child's output."})
+    output_dir: str | None = HfArg(default=None, help="Internal: the child's output.")
 
 
 def run_clm_recipe(args: BenchArguments) -> dict[str, Any]:

@@ -20,9 +20,11 @@ import random
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
+
+from transformers.hf_argparser import HfArg
 
 from common.cli import entry_point, parse_args
 from common.corpus import WOS_TEXT_FILE, CorpusArguments
@@ -43,18 +45,16 @@ INVENTED_TERMS_PER_SENTENCE = 2
 
 @dataclass
 class BenchArguments:
-    corpus: list[str] = field(
+    corpus: list[str] = HfArg(
         default_factory=list,
-        metadata={
-            "help": "Real corpus to time (any input train-tokenizer takes); default: "
-            "a synthetic WoS-sized corpus."
-        },
+        help="Real corpus to time (any input train-tokenizer takes); default: "
+        "a synthetic WoS-sized corpus.",
     )
-    synthetic_mb: float = field(
-        default=60.0, metadata={"help": "Size of the synthetic corpus in MB (1e6 bytes)."}
+    synthetic_mb: float = HfArg(
+        default=60.0, help="Size of the synthetic corpus in MB (1e6 bytes)."
     )
-    vocab_size: int = field(default=32768, metadata={"help": "Vocabulary size to train."})
-    repeats: int = field(default=3, metadata={"help": "Training runs; best and median reported."})
+    vocab_size: int = HfArg(default=32768, help="Vocabulary size to train.")
+    repeats: int = HfArg(default=3, help="Training runs; best and median reported.")
 
 
 def synthesize_wos_corpus(folder: Path, size_bytes: int, seed: int = 0) -> Path:
