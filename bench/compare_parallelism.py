@@ -173,9 +173,8 @@ class ComparisonArguments:
             )
 
     def chosen_strategies(self) -> list[StrategySpec]:
-        """The chosen strategies and their references, in the order of STRATEGY_SPECS."""
-        wanted = set(self.strategies)
-        wanted |= {STRATEGY_SPECS[name].reference for name in self.strategies} - {None}
+        """The chosen strategies and single (the reference), in the order of STRATEGY_SPECS."""
+        wanted = {"single", *self.strategies}
         return [spec for name, spec in STRATEGY_SPECS.items() if name in wanted]
 
 
@@ -318,6 +317,11 @@ def run_strategy(
     blocks = args.global_batch_size // (num_processes if spec.uses_trainer else 1)
     run_dir = output_dir / spec.name
     command = launch_command(args, spec, run_dir, num_processes, blocks, shared_flags)
+    logger.info("%s: %d process(es), %d blocks each", spec.name, num_processes, blocks)
+    # On CPU: one thread per process, and DeepSpeed on the CPU (it would pick a GPU that is
+    # there but not asked for).
+    cpu = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"} if args.device == "cpu" else {}
+    outcome = run_variant(command, run_dir, repo_environment(**cpu), args.timeout_minutes * 60)
     row = ComparisonRow(
         strategy=spec.name,
         reference=spec.reference,
@@ -325,15 +329,9 @@ def run_strategy(
         run_dir=spec.name,
         num_processes=num_processes,
         blocks_per_process=blocks,
-        wall_seconds=0.0,
+        wall_seconds=outcome.wall_seconds,
+        error=outcome.error,
     )
-    logger.info("%s: %d process(es), %d blocks each", spec.name, num_processes, blocks)
-    # On CPU: one thread per process, and DeepSpeed on the CPU (it would pick a GPU that is
-    # there but not asked for).
-    cpu = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"} if args.device == "cpu" else {}
-    outcome = run_variant(command, run_dir, repo_environment(**cpu), args.timeout_minutes * 60)
-    row.wall_seconds = outcome.wall_seconds
-    row.error = outcome.error
     if outcome.summary is not None:
         read_summary(row, spec, outcome.summary)
     if not row.succeeded:
@@ -342,12 +340,10 @@ def run_strategy(
 
 
 def compare_with_references(rows: list[ComparisonRow]) -> None:
-    """Set each row's loss difference from its reference (when both finished)."""
-    by_name = {row.strategy: row for row in rows}
+    """Set each row's loss difference from the first row's, single's (when both finished)."""
     for row in rows:
-        reference = by_name.get(row.reference) if row.reference else row
-        if row.succeeded and reference is not None and reference.succeeded:
-            row.loss_difference = row.final_loss - reference.final_loss
+        if row.succeeded and rows[0].succeeded:
+            row.loss_difference = row.final_loss - rows[0].final_loss
 
 
 def format_bytes(value: float | None) -> str:
