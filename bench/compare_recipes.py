@@ -241,12 +241,10 @@ def format_table(runs: list[Run], results: list[dict | None], vocabularies: bool
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    own, shared = (
-        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    )
+    split = argv.index("--") if "--" in argv else len(argv)  # after --: every run's flags
     prog = "python -m bench.compare_recipes"
-    (args,) = parse_args([RecipeBenchArguments], own, description=__doc__, prog=prog)
-    runs = plan_runs(args, shared)
+    (args,) = parse_args([RecipeBenchArguments], argv[:split], description=__doc__, prog=prog)
+    runs = plan_runs(args, argv[split + 1 :])
     logger.info("%d runs, %d at a time", len(runs), args.num_parallel_runs)
     with ThreadPoolExecutor(args.num_parallel_runs) as pool:
         results = list(pool.map(lambda run: train(run, args.num_threads), runs))
