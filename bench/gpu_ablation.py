@@ -172,9 +172,8 @@ def run_rows(args: AblationArguments, commands: dict[str, list[str]], deadline: 
         summary = finished_earlier(command, run_dir)
         remaining = deadline - time.monotonic()
         if summary is None and remaining <= 0:
-            results[name] = {"failed": "not run: time limit (a rerun continues)"}
-            continue
-        if summary is None:
+            summary = {"failed": "not run: time limit (a rerun continues)"}
+        elif summary is None:
             if name == COLD_ROW:
                 shutil.rmtree(Path(args.output_dir, "compile_cache"), ignore_errors=True)
             logger.info("%s: training, log %s.log", name, run_dir)

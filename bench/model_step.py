@@ -93,9 +93,8 @@ def seconds_per_step(args: ModelStepArguments, side: str) -> float:
         with torch.profiler.profile() as profile:
             step()
         print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
-    started = (
-        time.process_time()
-    )  # CPU seconds of this one-thread process: other jobs barely move it
+    # CPU seconds of this one-thread process: other jobs barely move it.
+    started = time.process_time()
     for _ in range(args.steps):
         step()
     return (time.process_time() - started) / args.steps

@@ -261,8 +261,7 @@ def summary_table(rows: dict[str, list[dict[str, Any]]]) -> str:
             if "identical_blocks" in first:
                 same = all(repeat[name]["identical_blocks"] for repeat in repeats)
                 blocks += ", byte-identical to before" if same else ", DIFFERENT from before"
-            cells.append(blocks)
-            lines.append("| " + " | ".join([corpus, name, *cells]) + " |")
+            lines.append("| " + " | ".join([corpus, name, *cells, blocks]) + " |")
     return "\n".join(lines)
 
 
