@@ -83,11 +83,6 @@ class StrategySpec:
         """Trainer's strategies split the batch (data parallel): global / P blocks each."""
         return self.accelerate_configs is not None
 
-    @property
-    def reference(self) -> str | None:
-        """The row whose loss this one must equal: pretrain/run.py in one process."""
-        return None if self.name == "single" else "single"
-
 
 STRATEGY_SPECS = {
     spec.name: spec
@@ -183,7 +178,7 @@ class ComparisonRow:
     """One strategy's result, or its error."""
 
     strategy: str
-    reference: str | None
+    reference: str | None  # single (pretrain/run.py in one process); None on its own row
     command: str
     run_dir: str  # relative to the comparison folder
     num_processes: int
@@ -324,7 +319,7 @@ def run_strategy(
     outcome = run_variant(command, run_dir, repo_environment(**cpu), args.timeout_minutes * 60)
     row = ComparisonRow(
         strategy=spec.name,
-        reference=spec.reference,
+        reference=None if spec.name == "single" else "single",
         command=shlex.join(command),
         run_dir=spec.name,
         num_processes=num_processes,

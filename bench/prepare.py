@@ -118,12 +118,9 @@ def run_clm_recipe(args: BenchArguments) -> dict[str, Any]:
     block_size = args.block_size
 
     def group_texts(examples):
-        # Concatenate all texts.
         concatenated_examples = {k: list(chain(*examples[k])) for k in examples}
         total_length = len(concatenated_examples[list(examples.keys())[0]])
-        # We drop the small remainder.
         total_length = (total_length // block_size) * block_size
-        # Split by chunks of max_len.
         result = {
             k: [t[i : i + block_size] for i in range(0, total_length, block_size)]
             for k, t in concatenated_examples.items()
