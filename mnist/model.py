@@ -47,3 +47,8 @@ class LeNet5(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         return self.forward_with_activations(images)["fc3"]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

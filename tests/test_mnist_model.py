@@ -5,14 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mnist.model import CONV_LAYERS, PENULTIMATE_LAYER, LeNet5
+from mnist.model import CONV_LAYERS, PENULTIMATE_LAYER, LeNet5, count_parameters
 
 
 def test_parameter_count_is_the_classic_61706():
     model = LeNet5()
     # conv1 6*(25+1) + conv2 16*(6*25+1) + fc1 120*(400+1) + fc2 84*(120+1) + fc3 10*(84+1)
-    num_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert num_parameters == 156 + 2416 + 48120 + 10164 + 850 == 61706
+    assert count_parameters(model) == 156 + 2416 + 48120 + 10164 + 850 == 61706
 
 
 def test_layer_shapes_follow_the_paper():
