@@ -47,16 +47,20 @@ def train_one_epoch(
     generator: torch.Generator | None = None,
     on_step: Callable[[Tensor, Tensor, float], None] | None = None,
     max_batches: int = -1,
+    progress: bool = True,
 ) -> Evaluation:
     """One pass over `batches` (at most `max_batches` when positive); mean loss and accuracy
     of the epoch (no confusion matrix).
 
     `generator` turns on random distortions; `on_step(loss, batch_accuracy, learning_rate)`
     gets device tensors after every optimizer step, so that it alone decides when to sync.
+    `progress` shows a progress bar over the batches.
     """
     model.train()
     metrics = DigitMetrics().to(device)
-    for batch_index, (images, labels) in enumerate(tqdm(batches, desc="train", leave=False)):
+    for batch_index, (images, labels) in enumerate(
+        tqdm(batches, desc="train", leave=False, disable=not progress)
+    ):
         if batch_index == max_batches:
             break
         images = images.to(device, non_blocking=True)
