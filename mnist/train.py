@@ -103,11 +103,9 @@ def fit(
     optimizer = build_optimizer(model, args)
     scheduler = build_lr_scheduler(optimizer, args, total_steps)
     generator = torch.Generator(device).manual_seed(args.seed) if args.distort else None
-    probe_images = viz.select_probe_images(splits.test_images, splits.test_labels, device)
 
     writer = SummaryWriter(run_dir / TENSORBOARD_DIR)
-    viz.log_model_graph(writer, model, probe_images)
-    viz.log_layers(writer, model, probe_images, step=0)
+    probe_images = viz.log_graph_and_layers(writer, model, splits)
     global_step = 0
 
     def log_step(loss: Tensor, accuracy: Tensor, learning_rate: float) -> None:
@@ -160,14 +158,7 @@ def fit(
             break
     train_seconds = time.perf_counter() - start
 
-    viz.log_embedding(
-        writer,
-        model,
-        splits.test_images,
-        splits.test_labels,
-        args.num_projector_digits,
-        global_step,
-    )
+    viz.log_embedding(writer, model, splits, args.num_projector_digits, global_step)
     test = evaluate(model, test_batches, device)
     log_evaluation("test", test)
     writer.close()

@@ -84,9 +84,6 @@ class LeNet5Module(L.LightningModule):
         self.test_evaluation: Evaluation | None = None
         self.generator: torch.Generator | None = None
 
-    def forward(self, images: Tensor) -> Tensor:
-        return self.model(images)
-
     def _common_step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         images, labels = batch
         if stage == "train" and self.generator is not None:
@@ -173,13 +170,9 @@ class LayerViews(L.Callback):
         self.probe_images: Tensor | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
-        splits = trainer.datamodule.splits
-        self.probe_images = viz.select_probe_images(
-            splits.test_images, splits.test_labels, pl_module.device
+        self.probe_images = viz.log_graph_and_layers(
+            trainer.logger.experiment, pl_module.model, trainer.datamodule.splits
         )
-        writer = trainer.logger.experiment
-        viz.log_model_graph(writer, pl_module.model, self.probe_images)
-        viz.log_layers(writer, pl_module.model, self.probe_images, step=0)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
         viz.log_layers(
@@ -187,12 +180,10 @@ class LayerViews(L.Callback):
         )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
-        splits = trainer.datamodule.splits
         viz.log_embedding(
             trainer.logger.experiment,
             pl_module.model,
-            splits.test_images,
-            splits.test_labels,
+            trainer.datamodule.splits,
             self.num_projector_digits,
             trainer.global_step,
         )

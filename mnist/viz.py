@@ -24,7 +24,7 @@ from common.run_contract import (
     FILTERS_PREFIX,
     WEIGHTS_PREFIX,
 )
-from mnist.data import NUM_CLASSES, normalize_images
+from mnist.data import NUM_CLASSES, DigitSplits, normalize_images
 from mnist.model import CONV_LAYERS, PENULTIMATE_LAYER, LeNet5
 
 logger = logging.getLogger(__name__)
@@ -52,12 +52,6 @@ def select_probe_images(images: Tensor, labels: Tensor, device: torch.device) ->
     return normalize_images(images[chosen]).to(device)
 
 
-def select_projector_digits(num_digits: int, count: int) -> Tensor:
-    """A fixed random subset of indices, so every class shows up even in label-sorted data."""
-    order = np.random.default_rng(0).permutation(num_digits)[:count]
-    return torch.from_numpy(np.sort(order))
-
-
 def feature_map_grid(inputs: Tensor, maps: Tensor) -> Tensor:
     """One row per digit: the input digit, then each channel's map, each scaled to [0, 1].
 
@@ -75,15 +69,6 @@ def filter_grid(weight: Tensor) -> Tensor:
     tiles = weight.reshape(out_channels * in_channels, 1, size, size)
     tiles = F.interpolate(tiles, scale_factor=FILTER_ZOOM, mode="nearest")
     return make_grid(tiles, nrow=in_channels, normalize=True, scale_each=True, pad_value=1)
-
-
-@torch.no_grad()
-def log_model_graph(writer: SummaryWriter, model: LeNet5, images: Tensor) -> None:
-    """The traced model graph (GRAPHS tab)."""
-    with warnings.catch_warnings():
-        # add_graph still relies on torch.jit.trace, which warns that it is deprecated.
-        warnings.filterwarnings("ignore", ".*is deprecated.*", FutureWarning)
-        writer.add_graph(model, images)
 
 
 @torch.no_grad()
@@ -109,18 +94,29 @@ def log_layers(writer: SummaryWriter, model: LeNet5, probe_images: Tensor, step:
 
 
 @torch.no_grad()
+def log_graph_and_layers(writer: SummaryWriter, model: LeNet5, splits: DigitSplits) -> Tensor:
+    """Before training: the traced model graph (GRAPHS tab) and `log_layers` at step 0. Returns
+    the probe digits (`select_probe_images` of the test set) for the later `log_layers`."""
+    device = next(model.parameters()).device
+    probe_images = select_probe_images(splits.test_images, splits.test_labels, device)
+    with warnings.catch_warnings():
+        # add_graph still relies on torch.jit.trace, which warns that it is deprecated.
+        warnings.filterwarnings("ignore", ".*is deprecated.*", FutureWarning)
+        writer.add_graph(model, probe_images)
+    log_layers(writer, model, probe_images, step=0)
+    return probe_images
+
+
+@torch.no_grad()
 def log_embedding(
-    writer: SummaryWriter,
-    model: LeNet5,
-    images: Tensor,
-    labels: Tensor,
-    num_digits: int,
-    step: int,
+    writer: SummaryWriter, model: LeNet5, splits: DigitSplits, num_digits: int, step: int
 ) -> None:
-    """Penultimate-layer features of a fixed `num_digits` of `images` (uint8, N x 28 x 28)
-    for the PROJECTOR tab, with each digit's thumbnail and label."""
-    chosen = select_projector_digits(len(labels), num_digits)
-    images, labels = images[chosen], labels[chosen]
+    """Penultimate-layer features of a fixed `num_digits` of the test digits for the PROJECTOR
+    tab, with each digit's thumbnail and label."""
+    # A fixed random subset, so every class shows up even in label-sorted data.
+    order = np.random.default_rng(0).permutation(len(splits.test_labels))[:num_digits]
+    chosen = torch.from_numpy(np.sort(order))
+    images, labels = splits.test_images[chosen], splits.test_labels[chosen]
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
