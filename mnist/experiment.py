@@ -4,6 +4,7 @@ run folder's contents (metrics.json, model.pt)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,9 +67,10 @@ def epoch_record(
     train: Evaluation,
     val: Evaluation | None,
     learning_rate: float,
-    seconds: float,
+    epoch_start: float,
 ) -> dict[str, Any]:
-    """One entry of metrics.json's history; `val` is None without a validation split."""
+    """One entry of metrics.json's history; `val` is None without a validation split,
+    `epoch_start` the epoch's `time.perf_counter()` start."""
     return {
         "epoch": epoch,
         "train_loss": train.loss,
@@ -76,7 +78,7 @@ def epoch_record(
         "val_loss": val.loss if val else None,
         "val_acc": val.accuracy if val else None,
         "learning_rate": learning_rate,
-        "seconds": round(seconds, 3),
+        "seconds": round(time.perf_counter() - epoch_start, 3),
     }
 
 

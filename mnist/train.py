@@ -142,15 +142,7 @@ def fit(
         if val is not None:
             log_evaluation("val", val)
         viz.log_layers(writer, model, probe_images, global_step)
-        history.append(
-            epoch_record(
-                epoch,
-                train_epoch,
-                val,
-                learning_rate,
-                time.perf_counter() - epoch_start,
-            )
-        )
+        history.append(epoch_record(epoch, train_epoch, val, learning_rate, epoch_start))
         epochs.set_postfix(
             loss=f"{train_epoch.loss:.3f}", val_acc=f"{val.accuracy:.3f}" if val else "-"
         )

@@ -156,7 +156,7 @@ class EpochHistory(L.Callback):
                 pl_module.train_metrics.compute(),
                 self.val,
                 self.learning_rate,
-                time.perf_counter() - self.epoch_start,
+                self.epoch_start,
             )
         )
 
