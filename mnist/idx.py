@@ -20,8 +20,6 @@ from common.cli import InputError
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
 IMAGE_SIZE = 28
-GZIP_MAGIC = b"\x1f\x8b"
-UINT8_TYPE_CODE = 0x08
 
 
 def read_idx_bytes(path: Path) -> bytes:
@@ -30,7 +28,7 @@ def read_idx_bytes(path: Path) -> bytes:
         data = path.read_bytes()
     except OSError as err:
         raise InputError(f"cannot read {path}: {err.strerror}") from None
-    if data[:2] != GZIP_MAGIC:
+    if data[:2] != b"\x1f\x8b":
         return data
     try:
         return gzip.decompress(data)
@@ -101,7 +99,7 @@ def read_images_and_labels(
 def write_idx(path: str | Path, array: np.ndarray, compress: bool = False) -> None:
     """Write a uint8 array as an IDX file (gzip-compressed when `compress`)."""
     array = np.ascontiguousarray(array, dtype=np.uint8)
-    header = struct.pack(">I", (UINT8_TYPE_CODE << 8) | array.ndim)
+    header = struct.pack(">I", (0x08 << 8) | array.ndim)  # type 0x08: uint8
     header += struct.pack(f">{array.ndim}I", *array.shape)
     data = header + array.tobytes()
     Path(path).write_bytes(gzip.compress(data) if compress else data)
