@@ -131,14 +131,10 @@ def split_documents(
 def encode_documents(texts: list[str], tokenizer, max_length: int) -> list[np.ndarray]:
     """Token ids per document, end-of-text last, at most `max_length` (rule 4)."""
     token_ids, lengths = tokenize_documents(texts, tokenizer)
-    ends = np.cumsum(lengths)
-    encoded = []
-    for start, end in zip(ends - lengths, ends, strict=True):
-        ids = token_ids[start:end]
-        if len(ids) > max_length:
-            ids = np.concatenate([ids[: max_length - 1], ids[-1:]])
-        encoded.append(ids)
-    return encoded
+    return [
+        ids if len(ids) <= max_length else np.concatenate([ids[: max_length - 1], ids[-1:]])
+        for ids in np.split(token_ids, np.cumsum(lengths)[:-1])
+    ]
 
 
 def classification_dataset(
