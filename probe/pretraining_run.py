@@ -33,7 +33,6 @@ class PretrainingRun:
     seed: int  # the seed the run's random initial weights were drawn with
     global_batch_tokens: int  # tokens per optimizer step
     final_step: int  # optimizer steps of the final/ model
-    unigram_entropy_nats: float | None  # of the pretraining tokens: the loss of a unigram model
 
     @property
     def final_model_dir(self) -> Path:
@@ -65,7 +64,6 @@ def read_pretraining_run(run_dir: str | Path) -> PretrainingRun:
             seed=int(summary["config"]["TrainingArguments"]["seed"]),
             global_batch_tokens=int(summary["global_batch_tokens"]),
             final_step=int(summary["global_step"]),
-            unigram_entropy_nats=summary.get("data", {}).get("unigram_entropy_nats"),
         )
     except (ValueError, KeyError, TypeError) as err:
         raise InputError(

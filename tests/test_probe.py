@@ -260,7 +260,7 @@ def test_max_length_above_the_pretraining_block_size_is_one_line(
 
 def test_max_length_defaults_to_the_block_size_up_to_256():
     def run(block_size: int) -> PretrainingRun:
-        return PretrainingRun(Path("run"), block_size, 0, block_size * 16, 10, None)
+        return PretrainingRun(Path("run"), block_size, 0, block_size * 16, 10)
 
     assert resolve_max_length(None, run(64)) == 64
     assert resolve_max_length(None, run(1024)) == 256
