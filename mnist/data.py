@@ -213,19 +213,6 @@ def resolve_data_source(args: MnistArguments) -> str:
     return "idx" if any(path is not None for path in paths) else "sample"
 
 
-def check_every_class_present(labels: np.ndarray, path: Path) -> None:
-    """A training set must hold every digit: a class never seen can never be predicted.
-
-    (A test set may lack some: it is scored on the digits it has.)
-    """
-    absent = sorted(set(range(NUM_CLASSES)) - set(np.unique(labels).tolist()))
-    if absent:
-        raise InputError(
-            f"the training labels {path} hold no digit {', '.join(map(str, absent))}; "
-            "LeNet-5 cannot learn a class it never sees: pass a training set with all ten digits"
-        )
-
-
 def load_digit_splits(args: MnistArguments) -> DigitSplits:
     """Train / validation / test digits as chosen by the arguments. Raises InputError."""
     source = resolve_data_source(args)
@@ -244,7 +231,15 @@ def load_digit_splits(args: MnistArguments) -> DigitSplits:
             paths["test_images"], paths["test_labels"]
         )
         description = f"idx ({paths['train_images'].parent})"
-        check_every_class_present(train_labels, paths["train_labels"])
+        # A training set must hold every digit: a class never seen can never be predicted. (A
+        # test set may lack some: it is scored on the digits it has.)
+        absent = sorted(set(range(NUM_CLASSES)) - set(np.unique(train_labels).tolist()))
+        if absent:
+            raise InputError(
+                f"the training labels {paths['train_labels']} hold no digit "
+                f"{', '.join(map(str, absent))}; LeNet-5 cannot learn a class it never sees: "
+                "pass a training set with all ten digits"
+            )
     num_test_in_train = count_shared_images(train_images, test_images)
     if num_test_in_train:
         logger.warning(
