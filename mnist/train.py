@@ -33,7 +33,6 @@ from mnist.experiment import (
 from mnist.metrics import STAGE_TAGS, DigitMetrics, Evaluation
 from mnist.model import LeNet5
 
-TRAINER = "pytorch"
 Batches = Iterable[tuple[Tensor, Tensor]]
 
 
@@ -159,7 +158,7 @@ def fit(
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    return trainer_main(argv, TRAINER, fit, __doc__, "train-mnist")
+    return trainer_main(argv, "pytorch", fit, __doc__, "train-mnist")
 
 
 if __name__ == "__main__":

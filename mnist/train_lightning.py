@@ -42,8 +42,6 @@ from mnist.experiment import (
 from mnist.metrics import STAGE_TAGS, DigitMetrics, Evaluation
 from mnist.model import LeNet5
 
-TRAINER = "lightning"
-
 
 class MnistDataModule(L.LightningDataModule):
     """The digits (loaded before Lightning starts, so that bad input fails before anything is
@@ -243,7 +241,7 @@ def fit(
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    return trainer_main(argv, TRAINER, fit, __doc__, "train-mnist-lightning")
+    return trainer_main(argv, "lightning", fit, __doc__, "train-mnist-lightning")
 
 
 if __name__ == "__main__":
