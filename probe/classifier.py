@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
+from typing import Any
 
 import datasets
 import numpy as np
@@ -100,22 +100,15 @@ def relative_step_optimizer(
     )
 
 
-@dataclass
-class FineTuneOutcome:
-    predictions: np.ndarray  # class per test document
-    train_seconds: float
-    num_steps: int
-    train_losses: list[dict[str, float]]  # {"step", "loss"} per logging step
-
-
 def fine_tune_and_predict(
     model: PooledClassifier,
     tokenizer,
     train_dataset: datasets.Dataset,
     test_dataset: datasets.Dataset,
     training_args: ProbeTrainingArguments,
-) -> FineTuneOutcome:
-    """Train on `train_dataset` for the budget in `training_args`, predict `test_dataset`."""
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Train on `train_dataset` for the budget in `training_args`, predict `test_dataset`: the
+    class of each test document, and the training's seconds, steps and logged losses."""
     with tempfile.TemporaryDirectory(prefix="probe-trainer-") as scratch:
         if not training_args.keeps_trainer_files:
             training_args.output_dir = scratch
@@ -141,9 +134,8 @@ def fine_tune_and_predict(
         for entry in trainer.state.log_history
         if "loss" in entry
     ]
-    return FineTuneOutcome(
-        predictions=np.asarray(logits).argmax(axis=-1),
-        train_seconds=train_seconds,
-        num_steps=trainer.state.global_step,
-        train_losses=losses,
-    )
+    return np.asarray(logits).argmax(axis=-1), {
+        "train_seconds": train_seconds,
+        "num_steps": trainer.state.global_step,
+        "train_losses": losses,
+    }

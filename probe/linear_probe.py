@@ -50,14 +50,9 @@ class ProbeTask:
         )
 
 
-@dataclass
-class LinearProbeOutcome:
-    probe: Pipeline  # the fitted standardisation and logistic regression
-    scores: dict[str, Any]  # score_predictions on the test split, and train_seconds
-
-
-def linear_probe(transformer: GPT2Model, task: ProbeTask) -> LinearProbeOutcome:
-    """Fit the linear probe on the training split's frozen features, score the test split."""
+def linear_probe(transformer: GPT2Model, task: ProbeTask) -> tuple[Pipeline, dict[str, Any]]:
+    """Fit the linear probe on the training split's frozen features, score the test split:
+    the fitted standardisation and logistic regression, and the test scores with the seconds."""
     started = time.perf_counter()
     features = document_features(
         transformer, task.encoded, task.pooling, task.pad_token_id, task.device
@@ -65,7 +60,7 @@ def linear_probe(transformer: GPT2Model, task: ProbeTask) -> LinearProbeOutcome:
     probe = fit_linear_probe(features[task.train_indices], task.labels[task.train_indices])
     seconds = time.perf_counter() - started
     scores = task.score(probe.predict(features[task.test_indices]))
-    return LinearProbeOutcome(probe, {**scores, "train_seconds": seconds})
+    return probe, {**scores, "train_seconds": seconds}
 
 
 def curve_point(step: int, run: PretrainingRun, model: str, scores: dict[str, Any]) -> dict:
@@ -104,7 +99,7 @@ def probe_curve(
             logger.warning("probe curve: skipping %s: %s", folder.name, err)
             skipped.append({"checkpoint": folder.name, "reason": str(err)})
             continue
-        scores = linear_probe(transformer, task).scores
+        _, scores = linear_probe(transformer, task)
         logger.info("probe curve: step %d, linear probe accuracy %.4f", step, scores["accuracy"])
         points.append(curve_point(step, run, folder.name, scores))
     points.append(curve_point(run.final_step, run, "final", final_scores))

@@ -194,25 +194,19 @@ def run_probe(command: ProbeCommand) -> dict[str, Any]:
         transformer = (
             pretrained_transformer if network == PROBE_PRETRAINED else initial_transformer(run)
         )
-        linear = linear_probe(transformer, task)
-        linear_scores[network] = linear.scores
-        logger.info("%s: test accuracy %.4f", linear_method, linear.scores["accuracy"])
+        linear_pipeline, linear_scores[network] = linear_probe(transformer, task)
+        logger.info("%s: test accuracy %.4f", linear_method, linear_scores[network]["accuracy"])
         if linear_method in probe.methods:
-            methods[linear_method] = linear.scores
+            methods[linear_method] = linear_scores[network]
         if network in probe.methods:
-            outcome = fine_tune_and_predict(
-                PooledClassifier(transformer, probe.pooling, linear.probe, probe.head_init),
+            predictions, training = fine_tune_and_predict(
+                PooledClassifier(transformer, probe.pooling, linear_pipeline, probe.head_init),
                 tokenizer,
                 classification_dataset(encoded, documents.labels, train_indices),
                 classification_dataset(encoded, documents.labels, test_indices),
                 training_args,
             )
-            methods[network] = {
-                **task.score(outcome.predictions),
-                "train_seconds": outcome.train_seconds,
-                "num_steps": outcome.num_steps,
-                "train_losses": outcome.train_losses,
-            }
+            methods[network] = {**task.score(predictions), **training}
             logger.info("%s: test accuracy %.4f", network, methods[network]["accuracy"])
     if PROBE_TFIDF in probe.methods:
         predictions, seconds = tfidf_logistic_regression(
