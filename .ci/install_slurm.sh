@@ -6,11 +6,8 @@ set -u
 readonly PACKAGES=(slurmctld slurmd slurm-client munge)
 
 export PATH="$PATH:/usr/sbin:/sbin"
-installed=yes
-for tool in munged slurmctld slurmd sbatch; do
-    command -v "$tool" >/dev/null || installed=no
-done
-if [[ $installed == yes ]]; then
+# type fails when any one of them is missing.
+if type -P munged slurmctld slurmd sbatch >/dev/null; then
     echo "install_slurm: Slurm already installed"
     exit 0
 fi
