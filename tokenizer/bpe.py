@@ -13,8 +13,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -29,26 +28,7 @@ END_OF_TEXT = "<|endoftext|>"
 PAD = "<pad>"
 # Special tokens come first in the vocabulary, so their ids are 0 and 1 whatever the corpus.
 SPECIAL_TOKENS = (END_OF_TEXT, PAD)
-BYTE_ALPHABET_SIZE = 256
-MIN_VOCAB_SIZE = BYTE_ALPHABET_SIZE + len(SPECIAL_TOKENS)
-
-
-def build_byte_level_bpe() -> Tokenizer:
-    """An untrained tokenizer with GPT-2's byte-level pre-tokenizer, decoder and post-processor."""
-    tokenizer = Tokenizer(models.BPE())
-    # add_prefix_space=False: GPT-2 does not insert a space before the first word.
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    # Keeps character offsets pointing at the text rather than at the leading space.
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tokenizer
-
-
-def batched(documents: Iterable[str], batch_size: int) -> Iterator[list[str]]:
-    """Lists of up to `batch_size` documents: tokenizers pre-tokenizes each batch in parallel."""
-    iterator = iter(documents)
-    while batch := list(itertools.islice(iterator, batch_size)):
-        yield batch
+MIN_VOCAB_SIZE = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS)
 
 
 def train_bpe(
@@ -61,11 +41,15 @@ def train_bpe(
 ) -> Tokenizer:
     """Learn BPE merges from a stream of documents; memory grows with distinct words, not text.
 
+    The tokenizer has GPT-2's byte-level pre-tokenizer, decoder and post-processor.
     `num_documents` only sizes the progress bar. The result is deterministic for a given stream.
     """
-    if vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"vocab_size must be at least {MIN_VOCAB_SIZE}, got {vocab_size}")
-    tokenizer = build_byte_level_bpe()
+    tokenizer = Tokenizer(models.BPE())
+    # add_prefix_space=False: GPT-2 does not insert a space before the first word.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    # Keeps character offsets pointing at the text rather than at the leading space.
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
@@ -76,9 +60,12 @@ def train_bpe(
         # Into a file or a pipe the bars draw nothing but a blank line per stage.
         show_progress=show_progress and sys.stderr.isatty(),
     )
+    # Lists of up to `batch_size` documents: tokenizers pre-tokenizes each batch in parallel.
+    iterator = iter(documents)
+    batches = iter(lambda: list(itertools.islice(iterator, batch_size)), [])
     # `length` counts documents, not batches: tokenizers flattens the batches it is given.
     with _stdout_to_stderr():
-        tokenizer.train_from_iterator(batched(documents, batch_size), trainer, length=num_documents)
+        tokenizer.train_from_iterator(batches, trainer, length=num_documents)
     if tokenizer.get_vocab_size() < vocab_size:
         logger.warning(
             "the corpus supports only %d of the %d requested tokens (no pair left to merge "
@@ -120,30 +107,19 @@ def wrap_for_transformers(tokenizer: Tokenizer, model_max_length: int) -> PreTra
     )
 
 
-@dataclass
-class CompressionStats:
-    """How compactly the tokenizer encodes a sample of text."""
-
-    num_documents: int
-    num_bytes: int
-    num_words: int
-    num_tokens: int
-    bytes_per_token: float
-    tokens_per_word: float
-
-
-def measure_compression(tokenizer: Tokenizer, documents: list[str]) -> CompressionStats | None:
-    """Bytes per token and tokens per (whitespace-separated) word over `documents`."""
+def measure_compression(tokenizer: Tokenizer, documents: list[str]) -> dict[str, Any] | None:
+    """How compactly the tokenizer encodes `documents`: their counts, bytes per token and tokens
+    per (whitespace-separated) word."""
     if not documents:
         return None
     num_tokens = sum(len(encoding.ids) for encoding in tokenizer.encode_batch(documents))
     num_bytes = sum(len(document.encode("utf-8")) for document in documents)
     num_words = sum(len(document.split()) for document in documents)
-    return CompressionStats(
-        num_documents=len(documents),
-        num_bytes=num_bytes,
-        num_words=num_words,
-        num_tokens=num_tokens,
-        bytes_per_token=num_bytes / num_tokens,
-        tokens_per_word=num_tokens / num_words,
-    )
+    return {
+        "num_documents": len(documents),
+        "num_bytes": num_bytes,
+        "num_words": num_words,
+        "num_tokens": num_tokens,
+        "bytes_per_token": num_bytes / num_tokens,
+        "tokens_per_word": num_tokens / num_words,
+    }

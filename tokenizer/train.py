@@ -75,11 +75,6 @@ class TokenizerArguments:
             )
 
 
-def is_heldout(index: int, heldout_every: int) -> bool:
-    """Whether the document at `index` is kept out of training (a fixed, spread-out slice)."""
-    return heldout_every > 0 and index % heldout_every == heldout_every - 1
-
-
 def train_tokenizer(
     corpus_args: CorpusArguments, tokenizer_args: TokenizerArguments, show_progress: bool = True
 ) -> dict[str, Any]:
@@ -111,7 +106,8 @@ def _train_into(
     corpus_stats = CorpusStats()
     num_documents = sum(1 for _ in iter_documents(corpus_args, corpus_stats))
     reading_seconds = time.perf_counter() - started
-    num_heldout = sum(is_heldout(i, tokenizer_args.heldout_every) for i in range(num_documents))
+    every = tokenizer_args.heldout_every
+    num_heldout = num_documents // every if every else 0
     logger.info(
         "training on %d documents (%d held out), vocabulary %d",
         num_documents - num_heldout,
@@ -123,8 +119,9 @@ def _train_into(
     training_stats = {"num_documents": 0, "num_bytes": 0}
 
     def training_documents() -> Iterator[str]:
-        for index, document in enumerate(iter_documents(corpus_args, log=False)):
-            if is_heldout(index, tokenizer_args.heldout_every):
+        for index, document in enumerate(iter_documents(corpus_args, log=False), start=1):
+            # Every `every`-th document is kept out of training: a fixed, spread-out slice.
+            if every and index % every == 0:
                 heldout.append(document)
                 continue
             training_stats["num_documents"] += 1
@@ -158,7 +155,7 @@ def _train_into(
         "training_mb_per_second": round(training_stats["num_bytes"] / 1e6 / training_seconds, 3),
         "vocab_size": tokenizer.get_vocab_size(),
         "requested_vocab_size": tokenizer_args.vocab_size,
-        "heldout": None if compression is None else dataclasses.asdict(compression),
+        "heldout": compression,
         "config": {
             "corpus": dataclasses.asdict(corpus_args),
             "tokenizer": dataclasses.asdict(tokenizer_args),
