@@ -68,19 +68,12 @@ def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[...,
         setup_logging()
         try:
             return main(argv) or 0
-        except InputError as err:
-            print_error_line(err)
-            return EXIT_BAD_INPUT
-        except RunFailed as err:
-            print_error_line(err)
-            return EXIT_RUN_FAILED
+        except (InputError, RunFailed) as err:
+            # One line whatever the message: a library's multi-line text included.
+            print("error: " + " ".join(str(err).split()), file=sys.stderr)
+            return EXIT_BAD_INPUT if isinstance(err, InputError) else EXIT_RUN_FAILED
 
     return wrapper
-
-
-def print_error_line(err: Exception) -> None:
-    # One line whatever the message: a library's multi-line text included.
-    print("error: " + " ".join(str(err).split()), file=sys.stderr)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -130,12 +123,7 @@ def command_line_parser(dataclass_types: Sequence[type], **options: Any) -> HfAr
     `HelpFormatter`. `options` are those of `parse_args`. Parse with `parse_args` (a namespace)
     or `parse_dataclasses`.
     """
-    return _command_line_parser_class()(list(dataclass_types), **options)
-
-
-@functools.cache
-def _command_line_parser_class() -> type[HfArgumentParser]:
-    # Built on first use: importing transformers takes a second that only parsing needs.
+    # Imported here: importing transformers takes a second that only parsing needs.
     from transformers import HfArgumentParser
 
     class CommandLineParser(HfArgumentParser):
@@ -224,7 +212,7 @@ def _command_line_parser_class() -> type[HfArgumentParser]:
                     raise InputError(f"invalid {dtype.__name__}: {err}") from None
             return (*instances, argparse.Namespace(**values)) if values else tuple(instances)
 
-    return CommandLineParser
+    return CommandLineParser(list(dataclass_types), **options)
 
 
 def _describe_unknown_arguments(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
