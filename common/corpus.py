@@ -49,7 +49,6 @@ READER_VERSION = 1
 # How a zip file starts (a local file header, or the end record of an empty archive).
 ZIP_SIGNATURES = (b"PK\x03\x04", b"PK\x05\x06")
 WOS_ZIP_BYTES = 60_222_421
-GLOB_CHARS = frozenset("*?[")
 
 
 @dataclass
@@ -219,7 +218,7 @@ def iter_source_texts(source: TextSource, args: CorpusArguments) -> Iterator[str
                 line = raw_line.decode("utf-8", errors=errors)
             except UnicodeDecodeError as err:
                 if source.in_zip:
-                    _read_to_the_end(source)  # damaged zip data reads as bad text: say which
+                    handle.read()  # damaged zip data reads as bad text: its CRC check says so
                 raise InputError(
                     f"{source.label} line {line_number}: invalid UTF-8 at byte {err.start} of "
                     "the line; fix the file or pass --replace_invalid_utf8 to replace bad bytes"
@@ -254,7 +253,7 @@ def resolve_sources(args: CorpusArguments) -> list[TextSource]:
         raise InputError("no corpus given; pass --corpus PATH [PATH ...]")
     sources: list[TextSource] = []
     for entry in entries:
-        if GLOB_CHARS & set(entry):
+        if glob.has_magic(entry):
             matches = glob.glob(entry, recursive=True)
             if not matches:
                 raise InputError(f"corpus pattern {entry} matches no files")
@@ -280,26 +279,16 @@ def _sources_for_path(path: Path, args: CorpusArguments) -> list[TextSource]:
         return [file_source(_find_wos_text_in_folder(path, args.subset))]
     if zipfile.is_zipfile(path):
         return [_zip_source(path, args.subset)]
-    if _looks_like_a_zip(path):
+    with path.open("rb") as handle:
+        start = handle.read(4)
+    # Named or shaped like a zip: never to be read as text, even when damaged.
+    if path.suffix.lower() == ".zip" or start in ZIP_SIGNATURES:
         raise InputError(
             f"{path} is a damaged zip archive ({path.stat().st_size:,} bytes, its table of "
             "contents missing or unreadable: a download cut short?); download it again (the "
             f"Web of Science WebOfScience.zip is {WOS_ZIP_BYTES:,} bytes)"
         )
     return [file_source(path)]
-
-
-def _looks_like_a_zip(path: Path) -> bool:
-    """Named or shaped like a zip: never to be read as text, even when damaged."""
-    with path.open("rb") as handle:
-        start = handle.read(4)
-    return path.suffix.lower() == ".zip" or start in ZIP_SIGNATURES
-
-
-def _read_to_the_end(source: TextSource) -> None:
-    with source.open_binary() as handle:
-        while handle.read(1 << 20):
-            pass
 
 
 @contextmanager
