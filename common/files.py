@@ -148,11 +148,7 @@ def sealed_folder_damage(folder: Path) -> str | None:
 
 
 class LockHeld(Exception):
-    """Another process holds the lock; `holder` says which (pid, host, since when)."""
-
-    def __init__(self, holder: str) -> None:
-        super().__init__(holder)
-        self.holder = holder
+    """Another process holds the lock; the message says which (pid, host, since when)."""
 
 
 @contextmanager
@@ -169,7 +165,10 @@ def exclusive_lock(lock_path: Path, wait: bool) -> Iterator[None]:
     try:
         lock.acquire(blocking=False)
     except filelock.Timeout:
-        holder = _read_holder(lock_path)
+        try:
+            holder = Path(lock_path).read_text(encoding="utf-8").strip() or "another process"
+        except OSError:
+            holder = "another process"
         if not wait:
             raise LockHeld(holder) from None
         logger.info("waiting for %s, held by %s", lock_path, holder)
@@ -186,10 +185,3 @@ def _name_the_holder(fd: int) -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()} since {started}\n".encode(), 0)
-
-
-def _read_holder(lock_path: Path) -> str:
-    try:
-        return Path(lock_path).read_text(encoding="utf-8").strip() or "another process"
-    except OSError:
-        return "another process"

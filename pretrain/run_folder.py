@@ -49,7 +49,7 @@ def hold_run_folder(output_dir: Path, training_args: TrainingArguments) -> Itera
                 stack.enter_context(exclusive_lock(output_dir / LOCK_FILE, wait=False))
             except LockHeld as held:
                 refusal = (
-                    f"output folder {output_dir} is in use by another run ({held.holder}); "
+                    f"output folder {output_dir} is in use by another run ({held}); "
                     "wait for it to end, or pass another --output_dir"
                 )
             except OSError as err:
