@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from transformers.hf_argparser import HfArg
@@ -82,8 +81,75 @@ def train_tokenizer(
 
     The folder appears only when everything succeeded (an existing one is refused up front).
     """
-    with atomic_dir(tokenizer_args.output_dir, overwrite=tokenizer_args.overwrite) as tmp_dir:
-        stats = _train_into(tmp_dir, corpus_args, tokenizer_args, show_progress)
+    with atomic_dir(tokenizer_args.output_dir, overwrite=tokenizer_args.overwrite) as folder:
+        # A first pass checks every line before any training and sizes the progress bar.
+        started = time.perf_counter()
+        corpus_stats = CorpusStats()
+        num_documents = sum(1 for _ in iter_documents(corpus_args, corpus_stats))
+        reading_seconds = time.perf_counter() - started
+        every = tokenizer_args.heldout_every
+        num_heldout = num_documents // every if every else 0
+        logger.info(
+            "training on %d documents (%d held out), vocabulary %d",
+            num_documents - num_heldout,
+            num_heldout,
+            tokenizer_args.vocab_size,
+        )
+
+        heldout: list[str] = []
+        training_stats = {"num_documents": 0, "num_bytes": 0}
+
+        def training_documents() -> Iterator[str]:
+            for index, document in enumerate(iter_documents(corpus_args, log=False), start=1):
+                # Every `every`-th document is kept out of training: a fixed, spread-out slice.
+                if every and index % every == 0:
+                    heldout.append(document)
+                    continue
+                training_stats["num_documents"] += 1
+                training_stats["num_bytes"] += len(document.encode("utf-8"))
+                yield document
+
+        started = time.perf_counter()
+        tokenizer = train_bpe(
+            training_documents(),
+            vocab_size=tokenizer_args.vocab_size,
+            num_documents=num_documents - num_heldout,
+            min_frequency=tokenizer_args.min_frequency,
+            batch_size=tokenizer_args.batch_size,
+            show_progress=show_progress,
+        )
+        training_seconds = time.perf_counter() - started
+
+        compression = measure_compression(tokenizer, heldout)
+        if compression is None:
+            logger.warning(
+                "no held-out documents: bytes per token and tokens per word not measured"
+            )
+        stats = {
+            "num_documents": corpus_stats.num_documents,
+            "num_duplicates": corpus_stats.num_duplicates,
+            "num_empty_lines": corpus_stats.num_empty_lines,
+            "num_bytes": corpus_stats.num_bytes,
+            "sources": corpus_stats.sources,
+            "num_training_documents": training_stats["num_documents"],
+            "num_training_bytes": training_stats["num_bytes"],
+            "reading_seconds": round(reading_seconds, 3),
+            "training_seconds": round(training_seconds, 3),
+            "training_mb_per_second": round(
+                training_stats["num_bytes"] / 1e6 / training_seconds, 3
+            ),
+            "vocab_size": tokenizer.get_vocab_size(),
+            "requested_vocab_size": tokenizer_args.vocab_size,
+            "heldout": compression,
+            "config": {
+                "corpus": dataclasses.asdict(corpus_args),
+                "tokenizer": dataclasses.asdict(tokenizer_args),
+            },
+            "versions": library_versions(),
+            "hardware": hardware_description(),
+        }
+        wrap_for_transformers(tokenizer, tokenizer_args.model_max_length).save_pretrained(folder)
+        write_json_atomic(folder / STATS_FILE, stats)
     logger.info(
         "vocabulary of %d tokens in %.1f s (%.2f MB/s); held-out bytes per token %s",
         stats["vocab_size"],
@@ -91,80 +157,6 @@ def train_tokenizer(
         stats["training_mb_per_second"],
         "n/a" if stats["heldout"] is None else f"{stats['heldout']['bytes_per_token']:.2f}",
     )
-    return stats
-
-
-def _train_into(
-    folder: Path,
-    corpus_args: CorpusArguments,
-    tokenizer_args: TokenizerArguments,
-    show_progress: bool,
-) -> dict[str, Any]:
-    """The work of `train_tokenizer`, written into `folder` (the not yet renamed output)."""
-    # A first pass checks every line before any training time is spent and sizes the progress bar.
-    started = time.perf_counter()
-    corpus_stats = CorpusStats()
-    num_documents = sum(1 for _ in iter_documents(corpus_args, corpus_stats))
-    reading_seconds = time.perf_counter() - started
-    every = tokenizer_args.heldout_every
-    num_heldout = num_documents // every if every else 0
-    logger.info(
-        "training on %d documents (%d held out), vocabulary %d",
-        num_documents - num_heldout,
-        num_heldout,
-        tokenizer_args.vocab_size,
-    )
-
-    heldout: list[str] = []
-    training_stats = {"num_documents": 0, "num_bytes": 0}
-
-    def training_documents() -> Iterator[str]:
-        for index, document in enumerate(iter_documents(corpus_args, log=False), start=1):
-            # Every `every`-th document is kept out of training: a fixed, spread-out slice.
-            if every and index % every == 0:
-                heldout.append(document)
-                continue
-            training_stats["num_documents"] += 1
-            training_stats["num_bytes"] += len(document.encode("utf-8"))
-            yield document
-
-    started = time.perf_counter()
-    tokenizer = train_bpe(
-        training_documents(),
-        vocab_size=tokenizer_args.vocab_size,
-        num_documents=num_documents - num_heldout,
-        min_frequency=tokenizer_args.min_frequency,
-        batch_size=tokenizer_args.batch_size,
-        show_progress=show_progress,
-    )
-    training_seconds = time.perf_counter() - started
-
-    compression = measure_compression(tokenizer, heldout)
-    if compression is None:
-        logger.warning("no held-out documents: bytes per token and tokens per word not measured")
-    stats = {
-        "num_documents": corpus_stats.num_documents,
-        "num_duplicates": corpus_stats.num_duplicates,
-        "num_empty_lines": corpus_stats.num_empty_lines,
-        "num_bytes": corpus_stats.num_bytes,
-        "sources": corpus_stats.sources,
-        "num_training_documents": training_stats["num_documents"],
-        "num_training_bytes": training_stats["num_bytes"],
-        "reading_seconds": round(reading_seconds, 3),
-        "training_seconds": round(training_seconds, 3),
-        "training_mb_per_second": round(training_stats["num_bytes"] / 1e6 / training_seconds, 3),
-        "vocab_size": tokenizer.get_vocab_size(),
-        "requested_vocab_size": tokenizer_args.vocab_size,
-        "heldout": compression,
-        "config": {
-            "corpus": dataclasses.asdict(corpus_args),
-            "tokenizer": dataclasses.asdict(tokenizer_args),
-        },
-        "versions": library_versions(),
-        "hardware": hardware_description(),
-    }
-    wrap_for_transformers(tokenizer, tokenizer_args.model_max_length).save_pretrained(folder)
-    write_json_atomic(folder / STATS_FILE, stats)
     return stats
 
 
