@@ -137,7 +137,19 @@ def iter_documents(
     sources = resolve_sources(args)
     stats = stats if stats is not None else CorpusStats()
     stats.sources = [source.label for source in sources]
-    return _generate_documents(sources, args, stats, log)
+
+    def generate() -> Iterator[str]:
+        cleaner = DocumentCleaner(stats)
+        for source in sources:
+            if log:
+                logger.info("reading %s", source.label)
+            for text in iter_source_texts(source, args):
+                text = cleaner.clean(text)
+                if text is not None:
+                    yield text
+        check_and_log_counts(stats, log)
+
+    return generate()
 
 
 def document_hash(text: str, key: str) -> int:
@@ -171,20 +183,6 @@ def corpus_fingerprint(args: CorpusArguments) -> str:
             for chunk in iter(lambda handle=handle: handle.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
-
-
-def _generate_documents(
-    sources: list[TextSource], args: CorpusArguments, stats: CorpusStats, log: bool
-) -> Iterator[str]:
-    cleaner = DocumentCleaner(stats)
-    for source in sources:
-        if log:
-            logger.info("reading %s", source.label)
-        for text in iter_source_texts(source, args):
-            text = cleaner.clean(text)
-            if text is not None:
-                yield text
-    check_and_log_counts(stats, log)
 
 
 def check_and_log_counts(stats: CorpusStats, log: bool = True) -> None:
