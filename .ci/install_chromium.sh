@@ -8,16 +8,15 @@ if command -v chromium >/dev/null 2>&1; then
     exit 0
 fi
 if [ "$(id -u)" -eq 0 ]; then
-    as_root=()
+    as_root=(env DEBIAN_FRONTEND=noninteractive)
 elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-    as_root=(sudo -n)
+    as_root=(sudo -n env DEBIAN_FRONTEND=noninteractive)
 else
     echo "install_chromium: no root, skipping (the screenshot test will be skipped)" >&2
     exit 0
 fi
-if "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-    && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends chromium chromium-driver; then
+if "${as_root[@]}" apt-get update -qq \
+    && "${as_root[@]}" apt-get install -y -qq --no-install-recommends chromium chromium-driver; then
     echo "install_chromium: $(chromium --version 2>/dev/null)" >&2
 else
     echo "install_chromium: apt-get failed (the screenshot test will be skipped)" >&2
