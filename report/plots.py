@@ -65,14 +65,11 @@ def run_color(index: int) -> tuple[float, float, float, float]:
     return colormaps["tab10"](index % 10)
 
 
-def smoothing_weight(num_points: int) -> float:
-    """EMA weight averaging over ~SMOOTHING_SPAN_FRACTION of `num_points` (window 1/(1-w))."""
-    span = max(1.0, num_points * SMOOTHING_SPAN_FRACTION)
-    return float(np.clip(1 - 1 / span, *SMOOTHING_WEIGHT_RANGE))
-
-
-def ema(values: np.ndarray, weight: float) -> np.ndarray:
-    """Debiased exponential moving average, as TensorBoard's smoothing slider computes it."""
+def ema(values: np.ndarray) -> np.ndarray:
+    """Debiased exponential moving average, as TensorBoard's smoothing slider computes it, with
+    a weight averaging over ~SMOOTHING_SPAN_FRACTION of the points (window 1/(1-w))."""
+    span = max(1.0, len(values) * SMOOTHING_SPAN_FRACTION)
+    weight = float(np.clip(1 - 1 / span, *SMOOTHING_WEIGHT_RANGE))
     # last = weight * last + (1 - weight) * value from last = 0, divided by 1 - weight^(i+1).
     debias = 1 - weight ** np.arange(1, len(values) + 1)
     return lfilter([1 - weight], [1, -weight], np.asarray(values, np.float64)) / debias
@@ -118,7 +115,7 @@ def draw_line(ax, x, values, color, label="", style="-", marker=None, smoothed=F
     """One curve; smoothed, the values are drawn faint behind their moving average."""
     if smoothed:
         ax.plot(x, values, style, color=color, alpha=0.25, linewidth=0.8)
-        values = ema(values, smoothing_weight(len(values)))
+        values = ema(values)
     ax.plot(x, values, style, color=color, label=label, marker=marker)
 
 

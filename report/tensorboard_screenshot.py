@@ -171,7 +171,4 @@ def stop_process_group(process: subprocess.Popen) -> None:
 
 def output_tail(log_path: Path, num_chars: int = 2000) -> str:
     """The end of a child's captured output, for an error message."""
-    try:
-        return log_path.read_text(encoding="utf-8", errors="replace")[-num_chars:].strip()
-    except OSError:
-        return "(no output)"
+    return log_path.read_text(encoding="utf-8", errors="replace")[-num_chars:].strip()
