@@ -215,8 +215,9 @@ def iter_source_texts(source: TextSource, args: CorpusArguments) -> Iterator[str
             try:
                 line = raw_line.decode("utf-8", errors=errors)
             except UnicodeDecodeError as err:
-                if source.in_zip:
-                    handle.read()  # damaged zip data reads as bad text: its CRC check says so
+                # Damaged zip data reads as bad text: the CRC check at the end says so.
+                while source.in_zip and handle.read(1 << 20):
+                    pass
                 raise InputError(
                     f"{source.label} line {line_number}: invalid UTF-8 at byte {err.start} of "
                     "the line; fix the file or pass --replace_invalid_utf8 to replace bad bytes"
