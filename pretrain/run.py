@@ -151,7 +151,7 @@ class TrainerRun:
                 model=model,
                 args=training_args,
                 train_dataset=plan.blocks["train"],
-                eval_dataset=plan.blocks["validation"] if len(plan.blocks["validation"]) else None,
+                eval_dataset=plan.blocks["validation"],
                 data_collator=collate_blocks,
                 processing_class=plan.tokenizer,
                 callbacks=[stop_on_signal, self.divergence, self.manifests],
@@ -205,7 +205,7 @@ class TrainerRun:
         """Evaluate once (unless the run diverged), then collect what the loop measured."""
         trainer, divergence = self.trainer, self.divergence
         eval_loss = None
-        if trainer.eval_dataset is not None and divergence.diverged_at_step is None:
+        if divergence.diverged_at_step is None:
             eval_loss = evaluate_blocks(trainer)
             self.clock.budget.lap("final_eval")
         return LoopResult(

@@ -308,12 +308,9 @@ def evaluate(
     local: WholeModel | GPT2Pipeline, blocks: datasets.Dataset, device: torch.device
 ) -> float | None:
     """Mean loss over the validation blocks (each block's mean, averaged), on the loss rank, as
-    Trainer's evaluation computes it for blocks of equal length; None without blocks."""
-    if not len(blocks):
-        return None
+    Trainer's evaluation computes it for blocks of equal length."""
     local.module.eval()
     losses = local.evaluate(blocks[:]["input_ids"].to(device))
-    local.module.train()
     return None if losses is None else losses.mean().item()
 
 
