@@ -287,8 +287,6 @@ def train_steps(
         if writer is not None:
             for tag, value in scalars.items():
                 writer.add_scalar(tag, value, step)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
     clock.stop()
     return log
 
