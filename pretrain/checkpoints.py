@@ -47,7 +47,6 @@ from common.run_contract import (
     GPT_SUMMARY_FILE,
     STOP_GRACE_VARIABLE,
     STOP_SIGNALS,
-    read_gpt_summary,
 )
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.cache import signals_handled
@@ -240,10 +239,6 @@ def check_same_run(checkpoint: Path, identity: dict[str, Any]) -> None:
             "resume it with the settings it was saved with, or start a new run in another "
             "--output_dir"
         )
-
-
-def finished_run_summary(output_dir: Path) -> dict[str, Any] | None:
-    return read_gpt_summary(output_dir) if (output_dir / GPT_SUMMARY_FILE).is_file() else None
 
 
 def warn_if_longer_than_grace(save_seconds: float, checkpoint_dir: Path) -> None:

@@ -22,7 +22,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase, s
 
 from common.cli import InputError, RunFailed
 from common.files import read_manifest, write_json_atomic
-from common.run_contract import GPT_SUMMARY_FILE
+from common.run_contract import GPT_SUMMARY_FILE, read_gpt_summary
 from common.tokenization import load_tokenizer
 from pretrain.args import PretrainArguments
 from pretrain.batches import BlockSchedule
@@ -32,7 +32,6 @@ from pretrain.checkpoints import (
     RESUME_AUTO,
     check_same_run,
     checkpoint_global_step,
-    finished_run_summary,
     identity_differences,
     resolve_resume_checkpoint,
     run_identity,
@@ -142,9 +141,9 @@ def plan_run(
 def check_finished_run(output_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
     """The summary of the run that finished in `output_dir` when it is this run (None: no
     finished run); a finished run of other settings is refused, naming what differs."""
-    finished = finished_run_summary(output_dir)
-    if finished is None:
+    if not (output_dir / GPT_SUMMARY_FILE).is_file():
         return None
+    finished = read_gpt_summary(output_dir)
     saved = finished.get("run_identity") or identity  # summaries before version 3 have none
     differences = identity_differences(saved, identity, where="in that run")
     if differences:
