@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import torch
 import torch.distributed as dist
 from accelerate.utils import gather_object
@@ -272,9 +273,8 @@ class TimeBudget:
     `seconds(...)` adds up to the wall time; what no phase claims is `other`.
     """
 
-    def __init__(self, launched_at: float) -> None:
-        self.launched_at = launched_at
-        self._last = launched_at
+    def __init__(self, launched_at: float | None = None) -> None:
+        self.launched_at = self._last = launched_at or psutil.Process().create_time()
         self.phases: dict[str, float] = {}
         # Graphs dynamo had compiled in this process when the loop started, after its first step.
         self.graphs_at_loop_start = self.graphs_after_first_step = 0

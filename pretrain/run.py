@@ -16,7 +16,6 @@ import signal
 import sys
 from pathlib import Path
 
-import psutil
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer
@@ -256,7 +255,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainArguments:
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    budget = TimeBudget(launched_at=psutil.Process().create_time())
+    budget = TimeBudget()
     quiet_cpu_notices()
     args = parse_pretrain_args(argv)
     with library_progress_bars(enabled=not args.training.disable_tqdm):

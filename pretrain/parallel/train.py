@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import psutil
 import torch
 import torch.distributed as dist
 from accelerate.data_loader import SeedableRandomSampler
@@ -410,7 +409,7 @@ def train_model_parallel(
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    budget = TimeBudget(launched_at=psutil.Process().create_time())
+    budget = TimeBudget()
     parallel_args, args = PretrainArguments.parse(
         argv, (ParallelArguments,), description=__doc__, prog="python -m pretrain.parallel.train"
     )
