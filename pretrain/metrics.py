@@ -226,28 +226,23 @@ def parameter_bytes(parameters: Iterable[torch.Tensor]) -> int:
     return sum(tensor_bytes(parameter) for parameter in distinct.values())
 
 
-def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer inside wrappers (accelerate's AcceleratedOptimizer, DeepSpeed's ZeRO
-    optimizer), each of which keeps the one it wraps as `.optimizer`."""
-    while hasattr(optimizer, "optimizer"):
-        optimizer = optimizer.optimizer
-    return optimizer
-
-
 def optimizer_state_bytes(optimizer: Any, model: nn.Module) -> int:
     """Bytes of the optimizer's per-parameter state and of the parameters it updates that are
     not `model`'s (master copies, flat partitions), local parts only."""
-    inner = innermost_optimizer(optimizer)
+    # The torch optimizer inside wrappers (accelerate's AcceleratedOptimizer, DeepSpeed's ZeRO
+    # optimizer), each of which keeps the one it wraps as `.optimizer`.
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
     state_tensors = [
         value
-        for state in inner.state.values()
+        for state in optimizer.state.values()
         for value in state.values()
         if isinstance(value, torch.Tensor)
     ]
     model_parameters = {id(parameter) for parameter in model.parameters()}
     own_copies = [
         parameter
-        for group in inner.param_groups
+        for group in optimizer.param_groups
         for parameter in group["params"]
         if id(parameter) not in model_parameters
     ]
