@@ -33,7 +33,7 @@ import logging
 import math
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,16 +133,6 @@ class WholeModel:
         return None
 
 
-@dataclass
-class StepLog:
-    """What the loop logged: each logging window's mean loss (on the loss rank), and the step
-    whose gradient norm was NaN or infinite, where it stopped (on every rank)."""
-
-    logged_losses: list[float] = field(default_factory=list)
-    diverged_at_step: int | None = None
-    divergence: str | None = None
-
-
 def check_launch(strategy: str, training_args: TrainingArguments) -> None:
     """Refuse a launch whose processes do not fit the strategy or did not join one group."""
     check_processes_joined(training_args)
@@ -240,15 +230,18 @@ def train_steps(
     training_args: TrainingArguments,
     clock: LoopClock,
     writer: SummaryWriter | None,
-) -> StepLog:
+) -> tuple[list[float], int, str | None]:
     """One optimizer step per batch, logged as Trainer logs: each logging window's mean loss
-    and the last grad norm and learning rate, with the window's speed, to TensorBoard."""
+    and the last grad norm and learning rate, with the window's speed, to TensorBoard.
+
+    Returns the windows' mean losses (on the loss rank), the last step, and why the loop
+    stopped there (a NaN or infinite gradient norm, on every rank) or None."""
     device, num_steps = training_args.device, training_args.max_steps  # plan_run's max_steps
     max_norm = training_args.max_grad_norm if training_args.max_grad_norm > 0 else math.inf
     state = TrainerState()
     state.compute_steps(training_args, num_steps)  # Trainer's logging interval
     log_every = state.logging_steps
-    log = StepLog()
+    logged_losses: list[float] = []
     window_losses: list[torch.Tensor] = []
     clock.start(0)
     for step, batch in enumerate(batches, start=1):
@@ -262,10 +255,9 @@ def train_steps(
             window_losses.append(loss)
         clock.step_done()
         # The whole model's norm, the same on every process: all stop at the same step.
-        log.divergence = divergence({"grad_norm": grad_norm.item()})
-        if log.divergence is not None:
-            log.diverged_at_step = step
-            logger.error("training diverged at step %d (%s): stopping", step, log.divergence)
+        reading = divergence({"grad_norm": grad_norm.item()})
+        if reading is not None:
+            logger.error("training diverged at step %d (%s): stopping", step, reading)
             break
         if not (step % log_every == 0 or (step == 1 and training_args.logging_first_step)):
             continue
@@ -274,7 +266,7 @@ def train_steps(
             continue
         window_loss = torch.stack(window_losses).mean().item()
         window_losses.clear()
-        log.logged_losses.append(window_loss)
+        logged_losses.append(window_loss)
         scalars |= {
             TRAIN_LOSS: window_loss,
             GRAD_NORM: grad_norm.item(),
@@ -287,7 +279,7 @@ def train_steps(
             for tag, value in scalars.items():
                 writer.add_scalar(tag, value, step)
     clock.stop()
-    return log
+    return logged_losses, step, reading
 
 
 def training_batches(train_blocks: datasets.Dataset, schedule: BlockSchedule, seed: int):
@@ -378,20 +370,22 @@ def train_model_parallel(
     writer = SummaryWriter(str(output_dir / TENSORBOARD_DIR)) if is_loss_rank else None
     clock = LoopClock(run, device, output_dir / NVIDIA_SMI_FILE, budget)
     batches = training_batches(plan.blocks["train"], schedule, training_args.seed)
-    log = train_steps(local, optimizer, scheduler, batches, training_args, clock, writer)
+    logged_losses, last_step, reading = train_steps(
+        local, optimizer, scheduler, batches, training_args, clock, writer
+    )
     ranks = gather_object([rank_footprint(local.module, optimizer, device)])
-    eval_loss = None if log.diverged_at_step else evaluate(local, plan.blocks["validation"], device)
+    eval_loss = None if reading else evaluate(local, plan.blocks["validation"], device)
     budget.lap("final_eval")
     if writer is not None:
         if eval_loss is not None:
             writer.add_scalar(EVAL_LOSS, eval_loss, schedule.max_steps)
         writer.close()
     logged_losses, eval_loss, tied_difference = broadcast_object_list(
-        [log.logged_losses, eval_loss, local.tied_weight_difference()], loss_rank
+        [logged_losses, eval_loss, local.tied_weight_difference()], loss_rank
     )
     result = LoopResult(
         start_step=0,
-        global_step=log.diverged_at_step or schedule.max_steps,
+        global_step=last_step,
         logged_losses=logged_losses,
         eval_loss=eval_loss,
         loop_seconds=clock.loop_seconds,
@@ -400,8 +394,8 @@ def train_model_parallel(
         # Sharded parameters differ between processes by design: no replicas to compare.
         replica_checksums=[parameter_checksum(local.module)] if strategy == "single" else None,
         checks={} if tied_difference is None else {"tied_weight_max_difference": tied_difference},
-        diverged_at_step=log.diverged_at_step,
-        divergence=log.divergence,
+        diverged_at_step=last_step if reading else None,
+        divergence=reading,
         budget=budget,
     )
     return run_summary(run, result)
