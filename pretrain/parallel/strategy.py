@@ -173,8 +173,6 @@ def check_zero3_saves_a_model(deepspeed_config: dict) -> None:
 
 def honour_sharding_plugins_on_cpu() -> None:
     original_init = AcceleratorState.__init__
-    if getattr(original_init, "honours_sharding_on_cpu", False):
-        return
     signature = inspect.signature(original_init)
 
     @functools.wraps(original_init)
@@ -203,5 +201,4 @@ def honour_sharding_plugins_on_cpu() -> None:
             self.distributed_type = DistributedType.FSDP
         PartialState._shared_state["distributed_type"] = self.distributed_type
 
-    init.honours_sharding_on_cpu = True
     AcceleratorState.__init__ = init
