@@ -102,8 +102,7 @@ class GPT2Pipeline:
     module: GPT2PipelineStage
     schedule: ScheduleGPipe | Schedule1F1B
     num_microbatches: int
-    tied_group: dist.ProcessGroup
-    tied_ranks: tuple[int, int]
+    tied_group: dist.ProcessGroup  # the first stage (rank 0) and the last
 
     def forward_backward(self, input_ids: torch.Tensor) -> torch.Tensor | None:
         """One batch through the pipeline, gradients accumulated (averaged over microbatches)
@@ -152,7 +151,7 @@ class GPT2Pipeline:
         if tied is None:
             return None
         first_copy = tied.detach().clone()
-        dist.broadcast(first_copy, src=self.tied_ranks[0], group=self.tied_group)
+        dist.broadcast(first_copy, src=0, group=self.tied_group)
         if not self.module.is_last:
             return None
         return (first_copy - tied.detach()).abs().max().item()
@@ -209,7 +208,6 @@ def build_gpt2_pipeline(
     schedule = PIPELINE_SCHEDULES[schedule_name](
         stage, n_microbatches=num_microbatches, loss_fn=loss_function
     )
-    tied_ranks = (0, num_stages - 1)
     # Every process must take part in creating a group, also those outside it.
-    tied_group = dist.new_group(list(tied_ranks))
-    return GPT2Pipeline(stage_module, schedule, num_microbatches, tied_group, tied_ranks)
+    tied_group = dist.new_group([0, num_stages - 1])
+    return GPT2Pipeline(stage_module, schedule, num_microbatches, tied_group)
