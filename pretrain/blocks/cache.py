@@ -177,7 +177,6 @@ def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
 
 def copy_document_split(cache_dir: str | Path, run_dir: str | Path) -> None:
     """Put the cache's record of which documents each split holds into a run folder."""
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(Path(cache_dir) / DOCUMENT_SPLIT_FILE, Path(run_dir) / DOCUMENT_SPLIT_FILE)
 
 
