@@ -22,9 +22,12 @@ import functools
 import json
 import logging
 import shutil
+import signal
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, get_type_hints
 
@@ -74,6 +77,21 @@ def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[...,
             return EXIT_BAD_INPUT if isinstance(err, InputError) else EXIT_RUN_FAILED
 
     return wrapper
+
+
+@contextmanager
+def signals_handled(signals: tuple[signal.Signals, ...], handler: Callable) -> Iterator[bool]:
+    """While the block runs, `handler` handles `signals`; yields whether it does (only the
+    main thread can install a handler: elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield True
+    finally:
+        for sig, earlier in previous.items():
+            signal.signal(sig, earlier)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from transformers import (
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 
-from common.cli import InputError
+from common.cli import InputError, signals_handled
 from common.files import damage_in, file_digests, read_manifest, write_json_atomic
 from common.run_contract import (
     CHECKPOINT_MANIFEST_FILE,
@@ -49,7 +49,6 @@ from common.run_contract import (
     STOP_SIGNALS,
 )
 from pretrain.batches import BlockSchedule
-from pretrain.blocks.cache import signals_handled
 from pretrain.metrics import local_tensor
 
 logger = logging.getLogger(__name__)

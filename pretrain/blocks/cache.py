@@ -25,15 +25,14 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import datasets
 
-from common.cli import InputError, RunFailed
+from common.cli import InputError, RunFailed, signals_handled
 from common.corpus import CorpusArguments, corpus_fingerprint
 from common.files import atomic_dir, damage_in, exclusive_lock
 from common.run_contract import DOCUMENT_SPLIT_FILE, STOP_SIGNALS
@@ -120,21 +119,6 @@ def cache_damage(folder: Path) -> str | None:
     except (ValueError, KeyError):
         return f"{STATS_FILE} is unreadable"
     return damage_in(folder, recorded)
-
-
-@contextmanager
-def signals_handled(signals: tuple[signal.Signals, ...], handler: Callable) -> Iterator[bool]:
-    """While the block runs, `handler` handles `signals`; yields whether it does (only the
-    main thread can install a handler: elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield False
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
-        yield True
-    finally:
-        for sig, earlier in previous.items():
-            signal.signal(sig, earlier)
 
 
 def stop_on_termination(signum: int, frame) -> None:
