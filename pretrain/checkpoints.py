@@ -40,7 +40,13 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 
 from common.cli import InputError, signals_handled
-from common.files import damage_in, file_digests, read_manifest, write_json_atomic
+from common.files import (
+    damage_in,
+    file_digests,
+    read_manifest,
+    sealed_folder_damage,
+    write_json_atomic,
+)
 from common.run_contract import (
     CHECKPOINT_MANIFEST_FILE,
     FINAL_MODEL_DIR,
@@ -80,8 +86,11 @@ def checkpoint_damage(checkpoint_dir: Path, adopt: bool = False) -> str | None:
     """
     manifest = read_manifest(checkpoint_dir)
     if manifest is not None:
+        if TRAINER_STATE_NAME not in manifest["files"]:  # e.g. a run's final/ model
+            return f"no {TRAINER_STATE_NAME}: a saved model, not a checkpoint to resume"
         return damage_in(checkpoint_dir, manifest["files"])
-    damage = unsealed_checkpoint_damage(checkpoint_dir)
+    # A manifest that is there but unreadable is damage, not a checkpoint to adopt.
+    damage = sealed_folder_damage(checkpoint_dir) or unsealed_checkpoint_damage(checkpoint_dir)
     if damage is None and adopt:
         logger.warning("adopting %s, written without a manifest: it loads", checkpoint_dir.name)
         seal_checkpoint(checkpoint_dir, {"run_identity": None, "adopted": True})
@@ -223,9 +232,13 @@ def resolve_resume_checkpoint(
     return None, skipped
 
 
-def check_same_run(checkpoint: Path, identity: dict[str, Any]) -> None:
-    """Refuse to resume a checkpoint of another run, naming what differs."""
-    saved = read_manifest(checkpoint)["run_identity"]
+def check_same_run(checkpoint: Path, identity: dict[str, Any], is_main: bool) -> None:
+    """Refuse to resume a checkpoint of another run, naming what differs; the main process
+    warns when the checkpoint took longer to save than a stop signal leaves."""
+    manifest = read_manifest(checkpoint)
+    if is_main and manifest.get("save_seconds") is not None:
+        warn_if_longer_than_grace(manifest["save_seconds"], checkpoint)
+    saved = manifest.get("run_identity")
     if saved is None:
         logger.warning(
             "%s has no record of its run's settings: resuming it as this run", checkpoint
@@ -270,8 +283,8 @@ class CheckpointManifestCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         self._step_done = time.perf_counter()
 
-    def on_log(self, args, state, control, **kwargs):
-        self._step_done = time.perf_counter()
+    # Trainer logs, then evaluates, then saves: the save starts after both.
+    on_log = on_evaluate = on_step_end
 
     def on_save(self, args, state, control, **kwargs):
         distributed = dist.is_available() and dist.is_initialized()
@@ -401,7 +414,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
 
     def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            if state.global_step % max(int(args.logging_steps), 1) != 0:
+            if state.global_step % max(state.logging_steps, 1) != 0:  # Trainer's interval
                 return
             signum = torch.tensor([int(self.received or 0)], device=args.device)
             dist.all_reduce(signum, op=dist.ReduceOp.MAX)

@@ -21,7 +21,7 @@ import datasets
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase, set_seed
 
 from common.cli import InputError, RunFailed
-from common.files import read_manifest, write_json_atomic
+from common.files import write_json_atomic
 from common.run_contract import GPT_SUMMARY_FILE, read_gpt_summary
 from common.tokenization import load_tokenizer
 from pretrain.args import PretrainArguments
@@ -35,7 +35,6 @@ from pretrain.checkpoints import (
     identity_differences,
     resolve_resume_checkpoint,
     run_identity,
-    warn_if_longer_than_grace,
 )
 from pretrain.loss import use_chunked_loss
 from pretrain.metrics import flops_per_token, job_peak_flops_per_second
@@ -87,7 +86,12 @@ def plan_run(
         check(model_config)
     check_budget_fills_a_batch(args, batch_blocks)
     resume_checkpoint, skipped = None, []
-    if resumable:
+    # A run that finished in the folder is left as it is: no checkpoint judged, adopted, moved.
+    finished_here = (
+        training_args.resume_from_checkpoint == RESUME_AUTO
+        and (Path(training_args.output_dir) / GPT_SUMMARY_FILE).is_file()
+    )
+    if resumable and not finished_here:
         with training_args.main_process_first(local=False, desc="checking the run folder"):
             resume_checkpoint, skipped = resolve_resume_checkpoint(
                 training_args.output_dir,
@@ -109,13 +113,10 @@ def plan_run(
     identity = finished = None
     if resumable:
         identity = run_identity(training_args, data, model_config, schedule)
-        if training_args.resume_from_checkpoint == RESUME_AUTO:
+        if finished_here:
             finished = check_finished_run(Path(training_args.output_dir), identity)
-        if resume_checkpoint is not None and finished is None:
-            check_same_run(resume_checkpoint, identity)
-            save_seconds = read_manifest(resume_checkpoint).get("save_seconds")
-            if save_seconds is not None and training_args.process_index == 0:
-                warn_if_longer_than_grace(save_seconds, resume_checkpoint)
+        if resume_checkpoint is not None:
+            check_same_run(resume_checkpoint, identity, training_args.process_index == 0)
     logger.info(
         "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
         f"{schedule.num_train_blocks:,}",
@@ -175,14 +176,13 @@ def budget_in_whole_batches(args: PretrainArguments, batch_blocks: int) -> DataA
 
 def check_budget_fills_a_batch(args: PretrainArguments, batch_blocks: int) -> None:
     """Refuse a token budget below one optimizer step before tokenizing anything."""
-    data_args, training_args = args.data, args.training
+    data_args = args.data
     batch_tokens = batch_blocks * data_args.block_size
     if data_args.max_train_tokens is not None and data_args.max_train_tokens < batch_tokens:
+        # The loop's batch, not TrainingArguments': the TP/PP loop's is one process's blocks.
         raise InputError(
             f"--max_train_tokens {data_args.max_train_tokens:,} is less than one global batch of "
-            f"{batch_tokens:,} tokens ({training_args.world_size} processes x "
-            f"{training_args.per_device_train_batch_size} blocks x "
-            f"{training_args.gradient_accumulation_steps} accumulation x {data_args.block_size}); "
+            f"{batch_tokens:,} tokens ({batch_blocks} blocks of {data_args.block_size}); "
             "raise the budget or lower the batch"
         )
 

@@ -93,6 +93,21 @@ def test_a_checkpoint_is_whole_only_while_every_file_matches_its_manifest(tmp_pa
     assert "does not load" in checkpoint_damage(make_checkpoint(tmp_path, 8, complete=False))
 
 
+def test_a_saved_model_or_an_unreadable_manifest_is_no_checkpoint_to_resume(tmp_path):
+    # A run's final/ is sealed like a checkpoint but has no trainer state to resume.
+    final = tmp_path / FINAL_MODEL_DIR
+    final.mkdir()
+    (final / "model.safetensors").write_bytes(b"\0" * 16)
+    (final / CHECKPOINT_MANIFEST_FILE).write_text(json.dumps({"files": file_digests(final)}))
+    with pytest.raises(InputError, match="a saved model, not a checkpoint"):
+        resolve_resume_checkpoint(tmp_path, str(final), is_main=True)
+    # A damaged manifest is damage: the checkpoint is not adopted as one of no known run.
+    checkpoint = make_checkpoint(tmp_path, 4)
+    (checkpoint / CHECKPOINT_MANIFEST_FILE).write_text("{")
+    assert "unreadable" in checkpoint_damage(checkpoint, adopt=True)
+    assert (checkpoint / CHECKPOINT_MANIFEST_FILE).read_text() == "{"
+
+
 def test_auto_resume_without_checkpoints_starts_fresh(tmp_path):
     assert resolve_resume_checkpoint(tmp_path / "new", "auto", is_main=True) == (None, [])
     make_checkpoint(tmp_path, 3, complete=False)
