@@ -113,9 +113,10 @@ def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool)
                 f"{' '.join(str(peer_failure).split())[:160]}){kept}; the launcher's message "
                 f"names it; continue with --resume_from_checkpoint {RESUME_AUTO}"
             ) from err
-        cause = save_failure_cause(chain, output_dir, checkpoint_bytes)
+        cause, out_of_space = save_failure_cause(chain, output_dir, checkpoint_bytes)
+        fix = "free space" if out_of_space else "mend that"
         raise RunFailed(
-            f"cannot save in {output_dir}: {cause}{kept}; free space (or pass another "
+            f"cannot save in {output_dir}: {cause}{kept}; {fix} (or pass another "
             f"--output_dir) and continue with --resume_from_checkpoint {RESUME_AUTO}"
         ) from err
 
@@ -142,19 +143,22 @@ def exception_chain(err: BaseException) -> list[BaseException]:
     return chain
 
 
-def save_failure_cause(chain: list[BaseException], output_dir: Path, checkpoint_bytes: int) -> str:
+def save_failure_cause(
+    chain: list[BaseException], output_dir: Path, checkpoint_bytes: int
+) -> tuple[str, bool]:
+    """What made a save fail, in words, and whether it is a lack of space."""
     for exception in chain:
         if isinstance(exception, OSError) and exception.errno:
-            return os.strerror(exception.errno).lower() + (
-                f" ({exception.filename})" if exception.filename else ""
-            )
+            where = f" ({exception.filename})" if exception.filename else ""
+            out_of_space = exception.errno in (errno.ENOSPC, errno.EDQUOT)
+            return os.strerror(exception.errno).lower() + where, out_of_space
     free = shutil.disk_usage(output_dir).free
     if free < checkpoint_bytes:
         return (
             f"{os.strerror(errno.ENOSPC).lower()} ({free / 2**20:,.1f} MiB free, a checkpoint "
             f"takes about {checkpoint_bytes / 2**20:,.1f} MiB)"
-        )
-    return f"{type(chain[0]).__name__}: {' '.join(str(chain[0]).split())[:200]}"
+        ), True
+    return f"{type(chain[0]).__name__}: {' '.join(str(chain[0]).split())[:200]}", False
 
 
 def save_final_model(trainer: Trainer, final_dir: Path) -> None:

@@ -27,7 +27,7 @@ from pretrain_runs import (
 
 from common.run_contract import CHECKPOINT_MANIFEST_FILE, STOP_GRACE_VARIABLE
 from pretrain.checkpoints import checkpoint_damage, checkpoint_global_step, list_checkpoints
-from pretrain.parallel.launch import run_folder
+from pretrain.parallel.launch import newest_complete_checkpoint, run_folder
 
 LAUNCHER = [sys.executable, "-m", "pretrain.parallel.launch"]
 CPU_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu.yaml"
@@ -178,3 +178,14 @@ def test_run_folder_is_the_output_dir_flag_else_the_config_files():
     assert run_folder(["--config", str(TINY_CONFIG), "--output_dir=runs/x"]) == Path("runs/x")
     assert run_folder(["--output_dir", "runs/y", "--logging_steps", "1"]) == Path("runs/y")
     assert run_folder(["--config", "missing.yaml"]) is None
+
+
+def test_the_newest_complete_checkpoint_is_the_highest_sealed_step(tmp_path):
+    folders = {"checkpoint-8": True, "checkpoint-12": False, "checkpoint-8-old": True}
+    for name, sealed in folders.items():
+        (tmp_path / name).mkdir()
+        if sealed:
+            (tmp_path / name / CHECKPOINT_MANIFEST_FILE).write_text("{}")
+    # checkpoint-12 has no manifest yet; a renamed copy is not a checkpoint folder.
+    assert newest_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-8"
+    assert newest_complete_checkpoint(None) is None

@@ -50,8 +50,12 @@ def run_folder(script_args: list[str]) -> Path | None:
 def newest_complete_checkpoint(run_dir: Path | None) -> Path | None:
     """The `checkpoint-<step>/` with the highest step that holds its manifest (written last)."""
     manifests = run_dir.glob(f"checkpoint-*/{CHECKPOINT_MANIFEST_FILE}") if run_dir else []
-    newest = max(manifests, key=lambda path: int(path.parent.name.split("-")[-1]), default=None)
-    return newest.parent if newest else None
+    by_step = {
+        int(step[1]): path.parent
+        for path in manifests
+        if (step := re.fullmatch(r"checkpoint-(\d+)", path.parent.name))  # not checkpoint-8-old
+    }
+    return by_step[max(by_step)] if by_step else None
 
 
 class StopSignals:

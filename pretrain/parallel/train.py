@@ -49,7 +49,7 @@ from torch.utils.tensorboard import SummaryWriter
 from transformers import GPT2LMHeadModel, Trainer, TrainerState, TrainingArguments, get_scheduler
 from transformers.hf_argparser import HfArg
 
-from common.cli import InputError, entry_point
+from common.cli import InputError, RunFailed, entry_point
 from common.run_contract import (
     EVAL_LOSS,
     GRAD_NORM,
@@ -417,12 +417,21 @@ def main(argv: list[str] | None = None) -> int:
             budget.lap("trainer_setup")
             summary = train_model_parallel(parallel_args, args, budget)
             finish_run(summary, output_dir, training_args.process_index == 0)
-    finally:
-        if dist.is_initialized():
-            # Without the barrier, gloo sometimes aborts at exit while a peer is shutting down.
-            dist.barrier()
-            dist.destroy_process_group()
+    except (InputError, RunFailed):
+        # Every process stops with these alike (bad input, a divergence): all reach the barrier.
+        # Any other error may be one process's alone, while its peers wait in a collective: it
+        # exits, and the launcher stops them.
+        leave_process_group()
+        raise
+    leave_process_group()
     return 0
+
+
+def leave_process_group() -> None:
+    if dist.is_initialized():
+        # Without the barrier, gloo sometimes aborts at exit while a peer is shutting down.
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
