@@ -20,7 +20,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import datasets
 import transformers
 from accelerate.utils import patch_environment
 from packaging.specifiers import SpecifierSet
@@ -185,6 +184,8 @@ def quiet_cpu_notices() -> None:
 def library_progress_bars(enabled: bool) -> Iterator[None]:
     """`--disable_tqdm` reaches only Trainer's own bars; hide those of datasets (tokenizing,
     saving blocks) and transformers (writing model shards) too while the run lasts."""
+    import datasets  # here: a second to import, which only training needs
+
     datasets_bars = datasets.utils.is_progress_bar_enabled()
     transformers_bars = transformers.utils.logging.is_progress_bar_enabled()
     if not enabled:

@@ -164,7 +164,7 @@ def headline(summary: dict[str, Any]) -> str:
     tokens = f"{summary['tokens_trained']:,} tokens"
     budget = summary.get("token_budget")
     if budget and budget < summary["tokens_trained"]:
-        tokens += f" (the budget {budget:,} in whole batches)"
+        tokens += f" (the budget {budget:,}, rounded up)"
     elif budget and budget > summary["tokens_trained"]:
         tokens += f" (of the budget {budget:,})"
     line = (

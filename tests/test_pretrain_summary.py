@@ -102,7 +102,7 @@ def test_summary_holds_every_key_and_derives_speed_and_verdicts(tmp_path):
 def test_a_budget_rounded_up_to_whole_batches_is_stated_with_the_tokens_trained():
     summary = run_summary(dataclasses.replace(SETUP, token_budget=2000), result())
     assert summary["tokens_trained"] == 2560 and summary["token_budget"] == 2000
-    assert "2,560 tokens (the budget 2,000 in whole batches)" in headline(summary)
+    assert "2,560 tokens (the budget 2,000, rounded up)" in headline(summary)
 
 
 def test_judgements_without_losses_speed_or_peak():
