@@ -25,9 +25,9 @@ from pretrain_runs import (
     tiny_run_argv,
 )
 
-from common.run_contract import CHECKPOINT_MANIFEST_FILE, STOP_GRACE_VARIABLE
+from common.run_contract import CHECKPOINT_MANIFEST_FILE, STOP_GRACE_VARIABLE, STOP_SIGNALS
 from pretrain.checkpoints import checkpoint_damage, checkpoint_global_step, list_checkpoints
-from pretrain.parallel.launch import newest_complete_checkpoint, run_folder
+from pretrain.parallel.launch import StopSignals, newest_complete_checkpoint, outcome, run_folder
 
 LAUNCHER = [sys.executable, "-m", "pretrain.parallel.launch"]
 CPU_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu.yaml"
@@ -189,3 +189,19 @@ def test_the_newest_complete_checkpoint_is_the_highest_sealed_step(tmp_path):
     # checkpoint-12 has no manifest yet; a renamed copy is not a checkpoint folder.
     assert newest_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-8"
     assert newest_complete_checkpoint(None) is None
+
+
+def test_a_stop_that_saved_no_new_checkpoint_is_a_failed_run_not_one_to_requeue(tmp_path):
+    handlers = {stop_signal: signal.getsignal(stop_signal) for stop_signal in STOP_SIGNALS}
+    try:
+        stop = StopSignals(grace=60, run_dir=tmp_path)
+    finally:
+        for stop_signal, handler in handlers.items():
+            signal.signal(stop_signal, handler)
+    stop.received, stop.grace_ended = signal.SIGUSR1, False
+    # Every process stopped on the signal before its first step (exit 138), saving nothing.
+    code, error = outcome({0: 138, 1: 138}, stop)
+    assert code == 3 and "SIGUSR1 stopped the run unsaved: it came before training began" in error
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "checkpoint-4" / CHECKPOINT_MANIFEST_FILE).write_text("{}")
+    assert outcome({0: 138, 1: 138}, stop) == (138, None)

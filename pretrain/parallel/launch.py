@@ -129,7 +129,9 @@ def outcome(codes: dict[int, int], stop: StopSignals) -> tuple[int, str | None]:
     newest = f"the newest complete checkpoint is {checkpoint or 'none'}"
     if stop.received is not None:
         code = 128 + stop.received
-        if checkpoint != stop.checkpoint_before or all(c == code for c in codes.values()):
+        # Only a new complete checkpoint makes it a stop to resume from: a process that stops
+        # before its first step exits 128 + signal too, and requeueing it would repeat that.
+        if checkpoint != stop.checkpoint_before:
             return code, None
         why = "it came before training began"
         if stop.grace_ended:
