@@ -40,6 +40,7 @@ from pretrain.loss import use_chunked_loss
 from pretrain.metrics import flops_per_token, job_peak_flops_per_second
 from pretrain.model import build_model, count_parameters
 from pretrain.parallel.strategy import Strategy
+from pretrain.precision import PrecisionChoice
 from pretrain.summary import RunSetup, headline, speed_settings
 
 logger = logging.getLogger(__name__)
@@ -204,14 +205,17 @@ def describe_run(
     model: GPT2LMHeadModel,
     strategy: Strategy,
     accelerator_state: str,
-    precision: str,
-    tf32: bool,
+    precision: PrecisionChoice,
     extra_options: Sequence[Any] = (),
 ) -> RunSetup:
     """The run as its summary records it: options, data, steps, model, parallelism, speed."""
     training_args = args.training
     return RunSetup(
-        config={**args.to_dict(*extra_options), "model_config": model.config.to_dict()},
+        config={
+            **args.to_dict(*extra_options),
+            "model_config": model.config.to_dict(),
+            "precision_source": precision.source,
+        },
         final_loss_window=args.report.final_loss_window,
         loss_threshold=args.report.loss_threshold,
         schedule=plan.schedule,
@@ -223,7 +227,9 @@ def describe_run(
         ),
         strategy=strategy,
         accelerator_state=accelerator_state,
-        speed_settings=speed_settings(args.model, training_args, precision, tf32, model.config),
+        speed_settings=speed_settings(
+            args.model, training_args, precision.name, precision.tf32, model.config
+        ),
         token_budget=args.data.max_train_tokens,
         run_identity=plan.identity,
         skipped_checkpoints=plan.skipped_checkpoints,

@@ -168,10 +168,7 @@ class TrainerRun:
         tensorboard = find_tensorboard_callback(trainer)
         if tensorboard is not None and trainer.is_world_process_zero():
             continue_tensorboard_log(tensorboard, tensorboard_dir, plan.resumed_from_step)
-        self.run = describe_run(
-            args, plan, model, strategy, accelerator_state, precision.name, precision.tf32
-        )
-        self.run.config["precision_source"] = precision.source
+        self.run = describe_run(args, plan, model, strategy, accelerator_state, precision)
         self.clock = LoopClock(self.run, training_args.device, output_dir / NVIDIA_SMI_FILE, budget)
         trainer.add_callback(ThroughputCallback(tensorboard, self.clock))
         self.footprint = FootprintCallback()

@@ -71,6 +71,7 @@ from pretrain.parallel.pipeline import (
 from pretrain.parallel.strategy import Strategy, check_processes_joined
 from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
 from pretrain.plan import build_random_model, describe_run, finish_run, plan_run
+from pretrain.precision import PrecisionChoice
 from pretrain.run_folder import hold_run_folder
 from pretrain.summary import LoopResult, parameter_checksum, run_summary
 
@@ -338,8 +339,7 @@ def train_model_parallel(
             if dist.is_initialized()
             else f"one process, device {device}"
         ),
-        precision="fp32",
-        tf32=False,
+        precision=PrecisionChoice("no", "this loop trains in fp32", tf32=False),
         extra_options=(parallel_args,),
     )
     budget.lap("model")
