@@ -76,6 +76,8 @@ def test_compression_and_stats(tiny_tokenizer_dir, hf_tokenizer):
     assert stats["num_duplicates"] == 0
     assert stats["heldout"]["num_documents"] == 4  # every 100th of 400
     assert stats["num_training_documents"] == 396
+    assert stats["num_training_bytes"] == stats["num_bytes"] - stats["heldout"]["num_bytes"] > 0
+    assert stats["num_nul_bytes"] == 0  # every count of the corpus reader is recorded
     assert stats["vocab_size"] == 512
     # Merges learned on English make English text shorter than one token per byte.
     assert stats["heldout"]["bytes_per_token"] > 2.0

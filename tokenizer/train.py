@@ -97,17 +97,14 @@ def train_tokenizer(
         )
 
         heldout: list[str] = []
-        training_stats = {"num_documents": 0, "num_bytes": 0}
 
         def training_documents() -> Iterator[str]:
             for index, document in enumerate(iter_documents(corpus_args, log=False), start=1):
                 # Every `every`-th document is kept out of training: a fixed, spread-out slice.
                 if every and index % every == 0:
                     heldout.append(document)
-                    continue
-                training_stats["num_documents"] += 1
-                training_stats["num_bytes"] += len(document.encode("utf-8"))
-                yield document
+                else:
+                    yield document
 
         started = time.perf_counter()
         tokenizer = train_bpe(
@@ -125,19 +122,15 @@ def train_tokenizer(
             logger.warning(
                 "no held-out documents: bytes per token and tokens per word not measured"
             )
+        # Both passes read the same documents: the training ones are all but the held-out.
+        training_bytes = corpus_stats.num_bytes - (compression or {}).get("num_bytes", 0)
         stats = {
-            "num_documents": corpus_stats.num_documents,
-            "num_duplicates": corpus_stats.num_duplicates,
-            "num_empty_lines": corpus_stats.num_empty_lines,
-            "num_bytes": corpus_stats.num_bytes,
-            "sources": corpus_stats.sources,
-            "num_training_documents": training_stats["num_documents"],
-            "num_training_bytes": training_stats["num_bytes"],
+            **dataclasses.asdict(corpus_stats),
+            "num_training_documents": num_documents - num_heldout,
+            "num_training_bytes": training_bytes,
             "reading_seconds": round(reading_seconds, 3),
             "training_seconds": round(training_seconds, 3),
-            "training_mb_per_second": round(
-                training_stats["num_bytes"] / 1e6 / training_seconds, 3
-            ),
+            "training_mb_per_second": round(training_bytes / 1e6 / training_seconds, 3),
             "vocab_size": tokenizer.get_vocab_size(),
             "requested_vocab_size": tokenizer_args.vocab_size,
             "heldout": compression,
