@@ -272,7 +272,9 @@ def _sources_for_path(path: Path, args: CorpusArguments) -> list[TextSource]:
     try:
         path.stat()
     except OSError as err:
-        problem = "is a symlink loop" if err.errno == errno.ELOOP else "does not exist"
+        problem = {errno.ELOOP: "is a symlink loop", errno.ENOENT: "does not exist"}.get(
+            err.errno, f"cannot be read ({err.strerror})"
+        )
         raise InputError(f"corpus path {path} {problem}") from None
     if path.is_dir():
         return [file_source(_find_wos_text_in_folder(path, args.subset))]

@@ -130,6 +130,7 @@ def test_bad_inputs_raise_input_error(tmp_path):
     blank = write_bytes(tmp_path / "blank.txt", b"\n   \n\r\n")
     cases = [
         (tmp_path / "missing.txt", "does not exist"),
+        (tmp_path / ("x" * 300), r"cannot be read \(File name too long\)"),
         (no_text_zip, "holds no X.txt"),
         (tmp_path / "empty_folder", "holds no X.txt"),
         (tmp_path / "*.nothing", "matches no files"),
