@@ -16,8 +16,6 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-from scipy.signal import lfilter
-from sklearn.metrics import ConfusionMatrixDisplay
 
 from common import run_contract as contract
 from report.run_folder import RunRecord
@@ -72,6 +70,8 @@ def ema(values: np.ndarray) -> np.ndarray:
     weight = float(np.clip(1 - 1 / span, *SMOOTHING_WEIGHT_RANGE))
     # last = weight * last + (1 - weight) * value from last = 0, divided by 1 - weight^(i+1).
     debias = 1 - weight ** np.arange(1, len(values) + 1)
+    from scipy.signal import lfilter  # here: scipy.signal takes a second to import
+
     return lfilter([1 - weight], [1, -weight], np.asarray(values, np.float64)) / debias
 
 
@@ -236,6 +236,8 @@ def plot_confusion_matrix(
     side = max(6.0, 0.12 * num_classes + 3.0)
     figure = Figure(figsize=(side, side * 0.9), layout="constrained")
     named = class_names is not None and len(class_names) == num_classes
+    from sklearn.metrics import ConfusionMatrixDisplay  # here: sklearn takes a second to import
+
     display = ConfusionMatrixDisplay(counts, display_labels=class_names if named else None)
     display.plot(
         ax=figure.subplots(),
