@@ -74,9 +74,14 @@ EOF
 # True while PID is a live process named NAME (a zombie waiting to be reaped counts as gone; the
 # name check keeps a stale PID file from hitting an unrelated process that reused the PID).
 is_running() {
-    local state comm
-    read -r state comm < <(ps -o stat=,comm= -p "$1" 2>/dev/null) || return 1
-    [[ "$state" != Z* && "$comm" == "$2" ]]
+    local pid="$1" name="$2" stat comm state
+    # /proc/PID/stat reads "PID (COMM) STATE ..." (no procps needed: slurm does not pull it in).
+    stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || return 1
+    comm="${stat#*(}"
+    comm="${comm%%)*}"
+    state="${stat##*) }"
+    state="${state%% *}"
+    [[ "$state" != Z && "$comm" == "$name" ]]
 }
 
 # Start a daemon in the foreground of its own session and record its PID.
