@@ -2,7 +2,7 @@
 its speed defaults, each a whole run (launch to summary: compile and checkpoints included).
 
     bash bench/gpu_12m.sh [--corpus data/WebOfScience.zip]  # installs wheels, then runs this
-    bash bench/gpu_12m.sh --dry-run                         # every row on CPU, tiny model
+    bash bench/gpu_12m.sh --scale dry_run                   # every row on CPU, tiny model
 
 First the inputs, kept in --output_dir for a rerun: the corpus (else up to 60 MB of the
 installed packages' docstrings), a BPE of 32,768 tokens, the blocks of exactly 12M training
