@@ -19,6 +19,7 @@ time budget); --scale cpu_117m: the 117M shape on CPU, eager, 8 steps of one 128
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -126,7 +127,7 @@ class AblationArguments:
 
 def prepare_inputs(args: AblationArguments, scale: Scale) -> tuple[list[str], str]:
     """The corpus and the tokenizer: the given ones, else made in (or kept from) output_dir."""
-    from tokenizer.train import TokenizerArguments, train_tokenizer
+    from tokenizer.train import STATS_FILE, TokenizerArguments, train_tokenizer
 
     output_dir = Path(args.output_dir)
     corpus, tokenizer_dir = args.corpus, args.tokenizer_dir or str(output_dir / "tokenizer")
@@ -135,8 +136,19 @@ def prepare_inputs(args: AblationArguments, scale: Scale) -> tuple[list[str], st
         if not Path(corpus[0]).is_file():
             folder, megabytes = str(output_dir / "corpus"), scale.corpus_megabytes
             write_docstring_corpus(DocstringCorpusArguments(folder, megabytes, [], os.cpu_count()))
-    if not Path(tokenizer_dir).is_dir():
-        tokenizer_args = TokenizerArguments(output_dir=tokenizer_dir, vocab_size=scale.vocab_size)
+    # A tokenizer made here earlier is kept only if it was trained on this corpus and vocabulary.
+    stats_file = Path(tokenizer_dir, STATS_FILE)
+    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else None
+    stale = (
+        args.tokenizer_dir is None
+        and stats is not None
+        and (stats["config"]["corpus"]["corpus"], stats["requested_vocab_size"])
+        != (corpus, scale.vocab_size)
+    )
+    if stale:
+        logger.info("%s was trained on another corpus or vocabulary: training again", tokenizer_dir)
+    if stale or not Path(tokenizer_dir).is_dir():
+        tokenizer_args = TokenizerArguments(tokenizer_dir, scale.vocab_size, overwrite=stale)
         train_tokenizer(CorpusArguments(corpus=corpus), tokenizer_args, show_progress=False)
     return corpus, tokenizer_dir
 

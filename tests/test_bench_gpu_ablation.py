@@ -8,6 +8,7 @@ import pytest
 
 from bench import gpu_ablation
 from common.run_contract import GPT_SUMMARY_FILE
+from tokenizer.train import STATS_FILE
 
 pytestmark = pytest.mark.multiprocess
 
@@ -53,3 +54,13 @@ def test_dry_run_trains_whole_rows_tabulates_them_and_continues_after_the_time_l
     assert again["main"] == rows["main"] and again["eager"] == rows["eager"]
     assert again["checkpoints"]["whole run s"].startswith("FAILED: not run: time limit")
     assert not (output_dir / "runs" / "checkpoints").exists()
+
+
+def test_a_tokenizer_made_for_another_vocabulary_is_trained_again(wos_corpus_dir, tmp_path):
+    args = gpu_ablation.AblationArguments(output_dir=str(tmp_path), corpus=[str(wos_corpus_dir)])
+    for vocab_size in (512, 640):
+        scale = gpu_ablation.Scale(2, vocab_size, 16384, 60)
+        _, tokenizer_dir = gpu_ablation.prepare_inputs(args, scale)
+        stats = json.loads((tmp_path / "tokenizer" / STATS_FILE).read_text())
+        assert tokenizer_dir == str(tmp_path / "tokenizer")
+        assert stats["requested_vocab_size"] == vocab_size
