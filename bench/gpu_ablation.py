@@ -72,11 +72,12 @@ class Scale:
 # On a GPU lent for 15 minutes: two calls of 330 s (the second continuing the first) and the
 # machine's start.
 GPU = Scale(60, 32768, 12_000_000, 330)
-CPU_TINY = ("--model_preset", "tiny", "--block_size", "64", "--use_cpu", "true")
+CPU_TINY = ("--model_preset", "tiny", "--block_size", "64", "--use_cpu", "true",
+            "--dataloader_num_workers", "0")  # fmt: skip
 SCALES = {
     "gpu": GPU,
-    "dry_run": Scale(2, 1024, 16384, 1200, (*CPU_TINY, "--dataloader_num_workers", "0")),
-    "cpu": Scale(2, 2048, 65536, 3600, (*CPU_TINY, "--dataloader_num_workers", "0")),
+    "dry_run": Scale(2, 1024, 16384, 1200, CPU_TINY),
+    "cpu": Scale(2, 2048, 65536, 3600, CPU_TINY),
     "cpu_117m": Scale(
         2, 32768, 8 * 128, 3600,
         ("--block_size", "128", "--per_device_train_batch_size", "1", "--use_cpu", "true",
@@ -106,8 +107,10 @@ class AblationArguments:
     )
     time_limit_s: float | None = HfArg(
         default=None,
-        help="Seconds for everything, inputs included (default: 330, dry run 1200): a "
-        "row still running then is stopped; the table shows what finished, a rerun continues.",
+        help="Seconds for everything, inputs included (default: "
+        + ", ".join(f"{name} {scale.time_limit_s:g}" for name, scale in SCALES.items())
+        + "): a row still running then is stopped; the table shows what finished, a "
+        "rerun continues.",
     )
     scale: str = HfArg(
         default="gpu",
