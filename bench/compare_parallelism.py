@@ -53,6 +53,7 @@ from common.run_contract import (
     PARALLELISM_COMPARISON_VERSION,
 )
 from common.system import hardware_description, library_versions
+from pretrain.run import parse_pretrain_args
 from report.tables import markdown_table
 
 logger = logging.getLogger(__name__)
@@ -460,10 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     # The strategies' run folders are written in place, where their summaries say they are;
     # the comparison's JSON comes last, so a folder without it is an unfinished comparison.
-    output_dir = Path(args.output_dir)
+    output_dir, flags = Path(args.output_dir), argv[split + 1 :]
+    # pretrain/run.py's own parser checks its flags before anything is written or trained.
+    spec = STRATEGY_SPECS["single"]
+    parse_pretrain_args(training_argv(args, spec, output_dir, args.global_batch_size, flags))
     create_output_dir(output_dir, args.overwrite)
     strategies = args.chosen_strategies()
-    rows = [run_strategy(args, spec, output_dir, argv[split + 1 :]) for spec in strategies]
+    rows = [run_strategy(args, spec, output_dir, flags) for spec in strategies]
     compare_with_references(rows)
     table = write_comparison(args, rows, output_dir, argv)
     print("\n".join(table))

@@ -139,6 +139,12 @@ def test_bad_options_are_refused_before_anything_is_written(data_paths, tmp_path
     assert "invalid choice: 'zero4'" in errors[-2] and "zero3" in errors[-2]
     assert "--global_batch_size 5" in errors[-1] and "multiple" in errors[-1]
     assert not output_dir.exists()
+    # A typo among pretrain/run.py's flags: one line, and --overwrite deletes nothing yet.
+    (output_dir / "earlier").mkdir(parents=True)
+    argv = comparison_argv(data_paths, output_dir, "--overwrite", "true")
+    assert main([*argv, "--max_train_tokenz", "5"]) == 2
+    assert "--max_train_tokenz" in capsys.readouterr().err.splitlines()[-1]
+    assert (output_dir / "earlier").is_dir()
 
 
 def test_a_run_without_a_step_time_shows_its_speed_as_missing():
