@@ -50,6 +50,7 @@ from common.corpus import CorpusArguments, iter_documents
 from common.system import hardware_description, library_versions
 from common.tokenization import load_tokenizer
 from pretrain.blocks.cache import read_stats
+from report.tables import markdown_table
 from tokenizer.train import TokenizerArguments, train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -241,10 +242,9 @@ def spread(values: list[float]) -> str:
 
 def summary_table(rows: dict[str, list[dict[str, Any]]]) -> str:
     """Markdown: per corpus and contender, each measure over the repeats; the blocks made."""
-    lines = [
-        "| corpus | contender | wall seconds | CPU seconds | peak RSS (MB) | blocks (dropped) |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    header = ["corpus", "contender", "wall seconds", "CPU seconds", "peak RSS (MB)",
+              "blocks (dropped)"]  # fmt: skip
+    body = []
     for corpus, repeats in rows.items():
         for name in [name for name in CONTENDERS if name in repeats[0]]:
             cells = [
@@ -258,8 +258,8 @@ def summary_table(rows: dict[str, list[dict[str, Any]]]) -> str:
             if "identical_blocks" in first:
                 same = all(repeat[name]["identical_blocks"] for repeat in repeats)
                 blocks += ", byte-identical to before" if same else ", DIFFERENT from before"
-            lines.append("| " + " | ".join([corpus, name, *cells, blocks]) + " |")
-    return "\n".join(lines)
+            body.append([corpus, name, *cells, blocks])
+    return "\n".join(markdown_table(header, body))
 
 
 @entry_point
