@@ -279,9 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-prepare-") as tmp:
         work_dir = Path(tmp)
         roots = {"before": work_dir / "baseline"}
-        roots["before"].mkdir()
-        export = f"git -C {REPO_ROOT} archive {args.baseline_commit} | tar -x -C {roots['before']}"
-        subprocess.run(export, shell=True, check=True)
+        if "before" in args.contenders:  # the only one that runs the baseline's code
+            roots["before"].mkdir()
+            export = f"git -C {REPO_ROOT} archive {args.baseline_commit} | tar -x"
+            subprocess.run(export, shell=True, check=True, cwd=roots["before"])
         for size_mb in [None] if args.corpus else args.sizes_mb:
             corpus = args.corpus or [
                 str(synthesize_wos_corpus(work_dir / f"corpus{size_mb}", int(size_mb * 1e6)))
