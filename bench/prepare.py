@@ -25,6 +25,7 @@ byte-level BPE is trained on the first `--tokenizer_training_mb` MB.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -81,7 +82,8 @@ class BenchArguments:
     )
     in_memory_max_mb: float = HfArg(
         default=250.0,
-        help="Largest corpus (MB) for `before` and `recipe`, which hold it in memory.",
+        help="Largest corpus (MB; a --corpus: its files on disk) for `before` and `recipe`, "
+        "which hold it in memory.",
     )
     tokenizer_dir: str | None = HfArg(
         default=None, help="Tokenizer folder to use; default: train one on the corpus's start."
@@ -209,6 +211,13 @@ def write_corpus_slice(corpus: list[str], path: Path, max_documents: int | None,
     return path
 
 
+def size_on_disk_mb(paths: list[str]) -> float:
+    """MB (1e6 bytes) of the files at `paths` (or glob patterns), folders walked."""
+    matches = (Path(match) for path in paths for match in glob.glob(path, recursive=True))
+    files = chain.from_iterable([match, *match.rglob("*")] for match in matches)
+    return sum(file.stat().st_size for file in files if file.is_file()) / 1e6
+
+
 def compare(args: BenchArguments, corpus: list[str], size_mb: float, work_dir: Path, roots):
     """The contenders side by side on one corpus, `args.repeats` times; one row per repeat."""
     too_large = ("before", "recipe") if size_mb > args.in_memory_max_mb else ()
@@ -283,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             roots["before"].mkdir()
             export = f"git -C {REPO_ROOT} archive {args.baseline_commit} | tar -x"
             subprocess.run(export, shell=True, check=True, cwd=roots["before"])
-        for size_mb in [None] if args.corpus else args.sizes_mb:
+        for size_mb in [size_on_disk_mb(args.corpus)] if args.corpus else args.sizes_mb:
             corpus = args.corpus or [
                 str(synthesize_wos_corpus(work_dir / f"corpus{size_mb}", int(size_mb * 1e6)))
             ]
@@ -301,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             label = ", ".join(args.corpus) if args.corpus else f"{size_mb:g} MB synthetic"
             (work_dir / "runs").mkdir()
-            rows[label] = compare(args, corpus, size_mb or 0.0, work_dir / "runs", roots)
+            rows[label] = compare(args, corpus, size_mb, work_dir / "runs", roots)
             for used in ("runs", f"corpus{size_mb}"):  # the next size needs the disk
                 shutil.rmtree(work_dir / used, ignore_errors=True)
         vocab_size = len(load_tokenizer(args.tokenizer_dir))
