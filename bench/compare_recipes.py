@@ -218,8 +218,9 @@ def format_table(runs: list[Run], results: list[dict | None], vocabularies: bool
     for (row, tokenizer_dir), group in groups.items():
         per_seed = ", ".join("failed" if r is None else f"{r['eval_loss']:.3f}" for r in group)
         done = [result for result in group if result is not None]
-        if not done:
-            rows.append([row, per_seed] + ["-"] * (len(header) - 2))
+        if not done:  # the tokenizer named in the vocabulary column
+            cells = [row, Path(tokenizer_dir).name, "-"][: 3 if vocabularies else 1] + [per_seed]
+            rows.append(cells + ["-"] * (len(header) - len(cells)))
             continue
         losses = [result["eval_loss"] for result in done]
         cells = [

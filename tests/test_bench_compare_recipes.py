@@ -139,3 +139,12 @@ def test_an_unknown_recipe_or_flag_is_one_error_line_before_any_run(
     assert compare_recipes.main([*argv, "--", "--corpus", str(tmp_path / "absent.txt")]) == 2
     assert "absent.txt" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_row_whose_runs_all_failed_keeps_its_tokenizer_in_the_vocabulary_column():
+    runs = [compare_recipes.Run("tiny", f"runs/{name}", None, []) for name in ("bpe8k", "bpe16k")]
+    lines = compare_recipes.format_table(runs, [None, None], vocabularies=True).splitlines()
+    header, rows = lines[0].split(" | "), [line.split(" | ") for line in lines[2:]]
+    for row, name in zip(rows, ("bpe8k", "bpe16k"), strict=True):
+        assert len(row) == len(header) and row[1] == name and row[2] == "-"
+        assert row[header.index("validation loss per seed")] == "failed"
