@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common.cli import InputError
-from common.run_contract import GPT_SUMMARY_FILE, read_gpt_summary
+from common.run_contract import GPT_SUMMARY_FILE, GPT_SUMMARY_VERSION, read_gpt_summary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,11 @@ def finished_earlier(command: list[str], run_dir: Path) -> dict[str, Any] | None
     with log.open(encoding="utf-8") as lines:
         if shlex.split(lines.readline())[2:] != command[2:]:
             return None
-    return read_gpt_summary(summary_path)
+    try:  # one that is not strict JSON, or of another version, is trained again
+        summary = read_gpt_summary(summary_path, note=lambda _: None)
+    except InputError:
+        return None
+    return summary if summary.get("summary_version") == GPT_SUMMARY_VERSION else None
 
 
 def run_variant(

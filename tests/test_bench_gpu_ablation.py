@@ -3,11 +3,12 @@ chunked loss, checkpoints) as a whole run beside an eager one, one table from th
 a rerun reads finished rows back, and a row past the time limit is said not to have run."""
 
 import json
+import shlex
 
 import pytest
 
-from bench import gpu_ablation
-from common.run_contract import GPT_SUMMARY_FILE
+from bench import gpu_ablation, variants
+from common.run_contract import GPT_SUMMARY_FILE, GPT_SUMMARY_VERSION
 from tokenizer.train import STATS_FILE
 
 pytestmark = pytest.mark.multiprocess
@@ -64,3 +65,14 @@ def test_a_tokenizer_made_for_another_vocabulary_is_trained_again(wos_corpus_dir
         stats = json.loads((tmp_path / "tokenizer" / STATS_FILE).read_text())
         assert tokenizer_dir == str(tmp_path / "tokenizer")
         assert stats["requested_vocab_size"] == vocab_size
+
+
+def test_a_summary_unreadable_or_of_another_version_is_not_read_back(tmp_path):
+    command, run_dir = ["python", "pretrain/run.py", "--max_steps", "2"], tmp_path / "run"
+    run_dir.mkdir()
+    (tmp_path / "run.log").write_text(shlex.join(command) + "\n")
+    for version in (None, GPT_SUMMARY_VERSION + 1, GPT_SUMMARY_VERSION - 1, GPT_SUMMARY_VERSION):
+        text = "{" if version is None else json.dumps({"summary_version": version})
+        (run_dir / GPT_SUMMARY_FILE).write_text(text)
+        read_back = variants.finished_earlier(command, run_dir)
+        assert read_back == (json.loads(text) if version == GPT_SUMMARY_VERSION else None)
