@@ -67,7 +67,7 @@ def build(args: ModelStepArguments, side: str) -> torch.nn.Module:
             return args.vocab_size
 
     config = build_model_config(
-        args.model_preset, Vocabulary(), args.block_size, activation_function=side
+        args.model_preset, Vocabulary(), args.block_size, args.vocab_size, activation_function=side
     )
     return build_model(config)
 
@@ -76,7 +76,9 @@ def seconds_per_step(args: ModelStepArguments, side: str) -> float:
     torch.set_num_threads(1)
     model = build(args, side)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, args.vocab_size, (args.batch_size, args.block_size + 1))
+    same_on_every_side = torch.Generator().manual_seed(0)
+    shape = (args.batch_size, args.block_size + 1)
+    ids = torch.randint(0, args.vocab_size, shape, generator=same_on_every_side)
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
     def step() -> None:
