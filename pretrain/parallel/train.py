@@ -310,12 +310,9 @@ def train_model_parallel(
     """Plan the run, split the model, train, evaluate; the run summary (on every rank)."""
     strategy, training_args = parallel_args.strategy, args.training
     batch_blocks = training_args.per_device_train_batch_size  # every process sees the batch
-    model_checks = []
-    if strategy == "tp":
-        model_checks.append(
-            lambda config: check_tensor_parallel_size(config.n_head, training_args.world_size)
-        )
-    plan = plan_run(args, batch_blocks, model_checks)
+    world_size = training_args.world_size
+    tp_checks = [lambda config: check_tensor_parallel_size(config.n_head, world_size)]
+    plan = plan_run(args, batch_blocks, tp_checks if strategy == "tp" else ())
     budget.lap("data")
     if strategy == "pp":
         check_pipeline_arguments(
@@ -417,21 +414,16 @@ def main(argv: list[str] | None = None) -> int:
             budget.lap("trainer_setup")
             summary = train_model_parallel(parallel_args, args, budget)
             finish_run(summary, output_dir, training_args.process_index == 0)
-    except (InputError, RunFailed):
-        # Every process stops with these alike (bad input, a divergence): all reach the barrier.
-        # Any other error may be one process's alone, while its peers wait in a collective: it
-        # exits, and the launcher stops them.
-        leave_process_group()
-        raise
-    leave_process_group()
+    finally:
+        # The processes meet at the barrier only when all end alike (done, bad input, diverged):
+        # another error may be one process's alone while its peers wait in a collective; it
+        # exits, and the launcher stops them. Without the barrier, gloo sometimes aborts at exit
+        # while a peer is shutting down.
+        error = sys.exc_info()[1]
+        if dist.is_initialized() and (error is None or isinstance(error, InputError | RunFailed)):
+            dist.barrier()
+            dist.destroy_process_group()
     return 0
-
-
-def leave_process_group() -> None:
-    if dist.is_initialized():
-        # Without the barrier, gloo sometimes aborts at exit while a peer is shutting down.
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
