@@ -190,18 +190,17 @@ def plot_probe_curves(runs: Sequence[RunRecord], path: Path) -> bool:
 
 
 def plot_time_budgets(runs: Sequence[RunRecord], path: Path) -> bool:
-    """One stacked horizontal bar per run that has a time budget, its parts in order, each
-    labelled with its seconds where it is wide enough; False (no file) when no run has one."""
-    timed = [run for run in runs if run.time_budget]
-    if not timed:
+    """One stacked horizontal bar per run (each with a time budget), its parts in order, each
+    labelled with its seconds where it is wide enough; False (no file) without runs."""
+    if not runs:
         return False
-    figure = Figure(figsize=(PANEL_SIZE[0] * 2, 1.5 + 0.5 * len(timed)), layout="constrained")
+    figure = Figure(figsize=(PANEL_SIZE[0] * 2, 1.5 + 0.5 * len(runs)), layout="constrained")
     ax = figure.subplots()
-    names, left = [run.name for run in timed], np.zeros(len(timed))
+    names, left = [run.name for run in runs], np.zeros(len(runs))
     # A label fits a segment of about 1/25 of the longest bar.
-    min_labelled = max(sum(run.time_budget.values()) for run in timed) / 25
+    min_labelled = max(sum(run.time_budget.values()) for run in runs) / 25
     for index, part in enumerate(contract.GPT_TIME_BUDGET_PARTS):
-        seconds = np.array([run.time_budget.get(part, 0.0) for run in timed])
+        seconds = np.array([run.time_budget.get(part, 0.0) for run in runs])
         if not seconds.any():
             continue
         bars = ax.barh(names, seconds, left=left, label=part, color=colormaps["tab20"](index))

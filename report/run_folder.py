@@ -12,6 +12,7 @@ whatever is there.
 from __future__ import annotations
 
 import fcntl
+import functools
 import io
 import logging
 import re
@@ -104,7 +105,7 @@ class RunRecord:
         starts = [series.wall_times[0] for series in self.scalars.values() if len(series.steps)]
         return min(starts) if starts else None
 
-    @property
+    @functools.cached_property
     def time_budget(self) -> dict[str, float]:
         """Where the run's wall time went: part -> seconds, in the order of
         `GPT_TIME_BUDGET_PARTS`; {} for a summary without one."""
