@@ -19,6 +19,7 @@ time budget); --scale cpu_117m: the 117M shape on CPU, eager, 8 steps of one 128
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -130,28 +131,19 @@ class AblationArguments:
 
 def prepare_inputs(args: AblationArguments, scale: Scale) -> tuple[list[str], str]:
     """The corpus and the tokenizer: the given ones, else made in (or kept from) output_dir."""
-    from tokenizer.train import STATS_FILE, TokenizerArguments, train_tokenizer
+    from tokenizer.train import TokenizerArguments, train_tokenizer
 
     output_dir = Path(args.output_dir)
-    corpus, tokenizer_dir = args.corpus, args.tokenizer_dir or str(output_dir / "tokenizer")
-    if not corpus:
-        corpus = [str(output_dir / "corpus" / CORPUS_FILE)]
-        if not Path(corpus[0]).is_file():
-            folder, megabytes = str(output_dir / "corpus"), scale.corpus_megabytes
-            write_docstring_corpus(DocstringCorpusArguments(folder, megabytes, [], os.cpu_count()))
-    # A tokenizer made here earlier is kept only if it was trained on this corpus and vocabulary.
-    stats_file = Path(tokenizer_dir, STATS_FILE)
-    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else None
-    stale = (
-        args.tokenizer_dir is None
-        and stats is not None
-        and (stats["config"]["corpus"]["corpus"], stats["requested_vocab_size"])
-        != (corpus, scale.vocab_size)
-    )
-    if stale:
-        logger.info("%s was trained on another corpus or vocabulary: training again", tokenizer_dir)
-    if stale or not Path(tokenizer_dir).is_dir():
-        tokenizer_args = TokenizerArguments(tokenizer_dir, scale.vocab_size, overwrite=stale)
+    corpus = args.corpus or [str(output_dir / "corpus" / CORPUS_FILE)]
+    if not args.corpus and not Path(corpus[0]).is_file():
+        folder, megabytes = str(output_dir / "corpus"), scale.corpus_megabytes
+        write_docstring_corpus(DocstringCorpusArguments(folder, megabytes, [], os.cpu_count()))
+    # One tokenizer folder per corpus and vocabulary: a rerun with others never reuses it, and
+    # its rows, whose flags name the folder, are not read back.
+    made_for = hashlib.sha256(json.dumps([corpus, scale.vocab_size]).encode()).hexdigest()
+    tokenizer_dir = args.tokenizer_dir or str(output_dir / f"tokenizer-{made_for[:12]}")
+    if not Path(tokenizer_dir).is_dir():
+        tokenizer_args = TokenizerArguments(tokenizer_dir, scale.vocab_size)
         train_tokenizer(CorpusArguments(corpus=corpus), tokenizer_args, show_progress=False)
     return corpus, tokenizer_dir
 

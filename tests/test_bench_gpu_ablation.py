@@ -4,6 +4,7 @@ a rerun reads finished rows back, and a row past the time limit is said not to h
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -57,14 +58,16 @@ def test_dry_run_trains_whole_rows_tabulates_them_and_continues_after_the_time_l
     assert not (output_dir / "runs" / "checkpoints").exists()
 
 
-def test_a_tokenizer_made_for_another_vocabulary_is_trained_again(wos_corpus_dir, tmp_path):
+def test_a_tokenizer_made_for_another_vocabulary_is_not_reused(wos_corpus_dir, tmp_path):
     args = gpu_ablation.AblationArguments(output_dir=str(tmp_path), corpus=[str(wos_corpus_dir)])
-    for vocab_size in (512, 640):
+    folders = set()
+    for vocab_size in (512, 640, 512):
         scale = gpu_ablation.Scale(2, vocab_size, 16384, 60)
         _, tokenizer_dir = gpu_ablation.prepare_inputs(args, scale)
-        stats = json.loads((tmp_path / "tokenizer" / STATS_FILE).read_text())
-        assert tokenizer_dir == str(tmp_path / "tokenizer")
+        stats = json.loads((Path(tokenizer_dir) / STATS_FILE).read_text())
         assert stats["requested_vocab_size"] == vocab_size
+        folders.add(tokenizer_dir)
+    assert len(folders) == 2  # the third call finds the first one's tokenizer
 
 
 def test_a_summary_unreadable_or_of_another_version_is_not_read_back(tmp_path):
