@@ -12,7 +12,7 @@ pretrain/run.py flags given after `--` (corpus, tokenizer, budget):
                                       --num_processes P pretrain/run.py (Trainer); the data
                                       parallel ones split the batch, global / P blocks each
   single-loop, tp, pp-gpipe, pp-1f1b  torchrun --standalone --nproc_per_node P -m
-                                      pretrain.parallel.train (our loop; single-loop is one
+                                      pretrain.run_model_parallel (our loop; single-loop is one
                                       process); every process sees the whole batch
 
 All run eagerly with transformers' loss, as our loop does, so the rows differ by their
@@ -76,7 +76,7 @@ class StrategySpec:
     granted: str  # the strategy its summary reports when it ran as asked
     # Trainer's strategies: their accelerate configs, on cpu and on cuda; our loop's: None.
     accelerate_configs: tuple[str, str] | None = None
-    loop_options: tuple[str, ...] = ()  # pretrain.parallel.train flags that pick the strategy
+    loop_options: tuple[str, ...] = ()  # pretrain.run_model_parallel flags that pick the strategy
     distributed: bool = True  # False: one process
 
     @property
@@ -137,7 +137,7 @@ class ComparisonArguments:
     num_microbatches: int | None = HfArg(
         default=None,
         help="Microbatches per step of pp-gpipe and pp-1f1b (default: "
-        "pretrain.parallel.train's); must divide --global_batch_size.",
+        "pretrain.run_model_parallel's); must divide --global_batch_size.",
     )
     timeout_minutes: float = HfArg(
         default=60.0, help="Stop a strategy that runs longer and record it as failed."
@@ -258,11 +258,11 @@ def launch_command(
             launcher += ["--main_process_port", str(get_free_port())]
         return [*launcher, str(RUN_SCRIPT), *training]
     if not spec.distributed:
-        return [sys.executable, "-m", "pretrain.parallel.train", *training]
+        return [sys.executable, "-m", "pretrain.run_model_parallel", *training]
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nproc_per_node", str(num_processes),
-        "-m", "pretrain.parallel.train", *training,
+        "-m", "pretrain.run_model_parallel", *training,
     ]  # fmt: skip
 
 

@@ -55,7 +55,7 @@ from common.run_contract import (
     STOP_SIGNALS,
 )
 from pretrain.batches import BlockSchedule
-from pretrain.metrics import local_tensor
+from pretrain.parallel.strategy import local_tensor
 
 logger = logging.getLogger(__name__)
 

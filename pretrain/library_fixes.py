@@ -11,6 +11,7 @@ reads once, a model attribute, its log lines), each in one function below with i
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -21,14 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import transformers
-from accelerate.utils import patch_environment
+from accelerate.state import AcceleratorState, PartialState
+from accelerate.utils import DistributedType, patch_environment
 from packaging.specifiers import SpecifierSet
 
 from common.cli import RunFailed
-from pretrain.parallel.strategy import honour_sharding_plugins_on_cpu
 
 if TYPE_CHECKING:
-    from torch import nn
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,39 @@ class LibraryFix:
 
     def applies_to(self, installed_version: str) -> bool:
         return self.versions.contains(installed_version, prereleases=True)
+
+
+def honour_sharding_plugins_on_cpu() -> None:
+    original_init = AcceleratorState.__init__
+    signature = inspect.signature(original_init)
+
+    @functools.wraps(original_init)
+    def init(self, *args, **kwargs):
+        first_initialisation = not AcceleratorState._shared_state
+        original_init(self, *args, **kwargs)
+        if not first_initialisation or self.distributed_type != DistributedType.MULTI_CPU:
+            return
+        plugins = signature.bind(self, *args, **kwargs).arguments
+        deepspeed_plugin, fsdp_plugin = plugins.get("deepspeed_plugin"), plugins.get("fsdp_plugin")
+        # What AcceleratorState does for the GPU distributed types, on gloo CPU processes.
+        if deepspeed_plugin is not None:
+            selectable = (
+                deepspeed_plugin if isinstance(deepspeed_plugin, dict) else {"": deepspeed_plugin}
+            )
+            for plugin in selectable.values():
+                plugin.set_mixed_precision(self._mixed_precision)
+            next(iter(selectable.values())).select(_from_accelerator_state=True)
+            self.deepspeed_plugins = deepspeed_plugin
+            self.distributed_type = DistributedType.DEEPSPEED
+            self._mixed_precision = "no"  # DeepSpeed's own config carries the precision
+        elif fsdp_plugin is not None:
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            self.distributed_type = DistributedType.FSDP
+        PartialState._shared_state["distributed_type"] = self.distributed_type
+
+    AcceleratorState.__init__ = init
 
 
 FIXES = (
@@ -150,16 +184,6 @@ def compiled_once() -> Iterator[None]:
         ) from err
     finally:
         dynamo_log.removeFilter(keep_reason)
-
-
-def use_causal_lm_loss(model: nn.Module) -> None:
-    """Name transformers' causal-LM loss on a GPT-2 model.
-
-    transformers picks the loss by the class name, and "GPT2LMHeadModel" names none: it would
-    warn on every run, and Trainer would divide the shifted loss by every label instead of the
-    block_size - 1 predicted ones per block (the loss read (T-1)/T of its value).
-    """
-    model.loss_type = "ForCausalLM"
 
 
 # Lines libraries log on every CPU run that say nothing about it, by logger: the run logs the

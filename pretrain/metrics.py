@@ -39,7 +39,6 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import gather_object
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.utils.tensorboard import SummaryWriter
 from transformers import GPT2LMHeadModel, Trainer, TrainerCallback, TrainerControl, TrainerState
 from transformers.integrations import TensorBoardCallback
@@ -53,6 +52,7 @@ from common.run_contract import (
     TOKENS_PER_SECOND,
 )
 from pretrain.model import count_parameters
+from pretrain.parallel.strategy import local_tensor
 
 if TYPE_CHECKING:
     from pretrain.summary import RunSetup
@@ -205,14 +205,6 @@ def rank_footprint(
         "peak_memory_bytes": peak_bytes,
         "peak_memory_source": peak_source,
     }
-
-
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The part of `tensor` stored by this process."""
-    if isinstance(tensor, DTensor):
-        return tensor.to_local()
-    # A ZeRO-3 parameter is an empty placeholder outside forward; its shard is ds_tensor.
-    return getattr(tensor, "ds_tensor", tensor)
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:

@@ -12,10 +12,10 @@ import logging
 import math
 from typing import NamedTuple
 
+from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
 
 from common.cli import InputError
-from pretrain.library_fixes import use_causal_lm_loss
 
 logger = logging.getLogger(__name__)
 
@@ -117,3 +117,13 @@ def count_parameters(model: GPT2LMHeadModel, exclude_position_embeddings: bool =
     if exclude_position_embeddings:
         total -= model.transformer.wpe.weight.numel()
     return total
+
+
+def use_causal_lm_loss(model: nn.Module) -> None:
+    """Name transformers' causal-LM loss on a GPT-2 model.
+
+    transformers picks the loss by the class name, and "GPT2LMHeadModel" names none: it would
+    warn on every run, and Trainer would divide the shifted loss by every label instead of the
+    block_size - 1 predicted ones per block (the loss read (T-1)/T of its value).
+    """
+    model.loss_type = "ForCausalLM"

@@ -1,7 +1,7 @@
 """What both training loops decide before the first step and do after the last.
 
 Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel loop
-(pretrain/parallel/train.py) run the same plan: the tokenizer, the model's shape around it, the
+(pretrain/run_model_parallel.py) run the same plan: the tokenizer, the model's shape around it, the
 packed blocks (built by the main process first, reused by the others), the steps of one pass
 over them (`max_steps` is derived here and nowhere else), the run's description for its
 summary; and after the last step, the summary written once, its headline printed, and a run

@@ -1,7 +1,7 @@
 """`run_summary.json`: what a pretraining run achieved, how fast, on what, with which settings.
 
 Both training loops write it through `run_summary()`: Trainer's (pretrain/run.py) and the
-tensor / pipeline-parallel loop (pretrain/parallel/train.py). Each hands over two plain
+tensor / pipeline-parallel loop (pretrain/run_model_parallel.py). Each hands over two plain
 records, `RunSetup` (decided before the first step) and `LoopResult` (measured by the loop);
 every key of the file, and where its value comes from, is in `run_summary()`. Its version and
 the keys the report relies on are in `common.run_contract`.

@@ -1,5 +1,6 @@
-"""Helpers for the tensor- and pipeline-parallel tests: tiny runs of pretrain.parallel.train under
-torchrun, and the one-process reference they must equal: pretrain/run.py itself."""
+"""Helpers for the tensor- and pipeline-parallel tests: tiny runs of
+pretrain.run_model_parallel under torchrun, and the one-process reference they must equal:
+pretrain/run.py itself."""
 
 from __future__ import annotations
 
@@ -59,11 +60,11 @@ def trainer_reference(data_paths: dict, tmp_path_factory) -> Path:
 
 
 def launch_model_parallel(argv: list[str]) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node 2 -m pretrain.parallel.train ARGV` on CPU."""
+    """`torchrun --standalone --nproc_per_node 2 -m pretrain.run_model_parallel ARGV` on CPU."""
     command = [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nproc_per_node", str(NUM_PROCESSES),
-        "-m", "pretrain.parallel.train", *argv,
+        "-m", "pretrain.run_model_parallel", *argv,
     ]  # fmt: skip
     return subprocess.run(
         command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600

@@ -114,7 +114,7 @@ def test_every_strategy_trains_like_its_reference_and_sharding_holds_less(data_p
 
 def test_a_failing_strategy_is_a_row_with_its_error_and_the_exit_code_says_so(data_paths, tmp_path):
     output_dir = tmp_path / "comparison"
-    # 3 microbatches cannot split a batch of 4 blocks: pretrain.parallel.train refuses it.
+    # 3 microbatches cannot split a batch of 4 blocks: pretrain.run_model_parallel refuses it.
     argv = comparison_argv(
         data_paths, output_dir, "--strategies", "pp-gpipe", "--num_microbatches", "3"
     )

@@ -23,7 +23,7 @@ from pretrain.args import PretrainArguments
 from pretrain.metrics import parameter_bytes
 from pretrain.model import build_model_config
 from pretrain.parallel.pipeline import check_pipeline_arguments, stage_layers
-from pretrain.parallel.train import ParallelArguments
+from pretrain.run_model_parallel import ParallelArguments
 
 NUM_MICROBATCHES = 4
 

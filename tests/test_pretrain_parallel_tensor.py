@@ -29,7 +29,7 @@ from pretrain.parallel.tensor import (
     conv1d_to_linear,
     group_qkv_by_rank,
 )
-from pretrain.parallel.train import main
+from pretrain.run_model_parallel import main
 from report.build import write_report
 from report.run_folder import load_run
 

@@ -254,7 +254,7 @@ def test_pretrain_two_nodes_stay_in_sync_and_match_one_process(
 
 def training_processes(run_dir: Path) -> list[int]:
     """The training processes writing RUN_DIR (not their launcher, whose arguments name it too)."""
-    launchers = find_processes("python", "pretrain.parallel.launch")
+    launchers = find_processes("python", "pretrain.launch")
     return [
         p for p in find_processes("python", "pretrain/run.py", str(run_dir)) if p not in launchers
     ]

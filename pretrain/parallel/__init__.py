@@ -1,2 +1,3 @@
-"""The parallelism lab: tensor and pipeline parallelism for our GPT-2, trained by a loop of
-our own (Trainer runs the data-parallel strategies)."""
+"""The parallelism leaves: the strategy a run asked for and got (strategy.py), tensor
+parallelism (tensor.py) and the pipeline (pipeline.py) for our GPT-2; the loop that trains
+the last two is pretrain/run_model_parallel.py (Trainer runs the data-parallel strategies)."""

@@ -11,15 +11,13 @@ right after, before the first step.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 from dataclasses import dataclass
 
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType
+from torch.distributed.tensor import DTensor
 from transformers import TrainingArguments
 
 from common.cli import InputError
@@ -171,34 +169,9 @@ def check_zero3_saves_a_model(deepspeed_config: dict) -> None:
         )
 
 
-def honour_sharding_plugins_on_cpu() -> None:
-    original_init = AcceleratorState.__init__
-    signature = inspect.signature(original_init)
-
-    @functools.wraps(original_init)
-    def init(self, *args, **kwargs):
-        first_initialisation = not AcceleratorState._shared_state
-        original_init(self, *args, **kwargs)
-        if not first_initialisation or self.distributed_type != DistributedType.MULTI_CPU:
-            return
-        plugins = signature.bind(self, *args, **kwargs).arguments
-        deepspeed_plugin, fsdp_plugin = plugins.get("deepspeed_plugin"), plugins.get("fsdp_plugin")
-        # What AcceleratorState does for the GPU distributed types, on gloo CPU processes.
-        if deepspeed_plugin is not None:
-            selectable = (
-                deepspeed_plugin if isinstance(deepspeed_plugin, dict) else {"": deepspeed_plugin}
-            )
-            for plugin in selectable.values():
-                plugin.set_mixed_precision(self._mixed_precision)
-            next(iter(selectable.values())).select(_from_accelerator_state=True)
-            self.deepspeed_plugins = deepspeed_plugin
-            self.distributed_type = DistributedType.DEEPSPEED
-            self._mixed_precision = "no"  # DeepSpeed's own config carries the precision
-        elif fsdp_plugin is not None:
-            if self._mixed_precision != "no":
-                fsdp_plugin.set_mixed_precision(self._mixed_precision)
-            self.fsdp_plugin = fsdp_plugin
-            self.distributed_type = DistributedType.FSDP
-        PartialState._shared_state["distributed_type"] = self.distributed_type
-
-    AcceleratorState.__init__ = init
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of `tensor` stored by this process."""
+    if isinstance(tensor, DTensor):
+        return tensor.to_local()
+    # A ZeRO-3 parameter is an empty placeholder outside forward; its shard is ds_tensor.
+    return getattr(tensor, "ds_tensor", tensor)

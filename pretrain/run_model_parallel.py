@@ -1,11 +1,11 @@
 """Tensor and pipeline parallelism for the GPT-2 pretraining, with a training loop of our own.
 
-    torchrun --standalone --nproc_per_node 2 -m pretrain.parallel.train --strategy tp \\
+    torchrun --standalone --nproc_per_node 2 -m pretrain.run_model_parallel --strategy tp \\
         --config pretrain/configs/tiny.yaml --max_steps 32 --output_dir runs/demo/tp
-    torchrun --standalone --nproc_per_node 2 -m pretrain.parallel.train --strategy pp \\
+    torchrun --standalone --nproc_per_node 2 -m pretrain.run_model_parallel --strategy pp \\
         --pipeline_schedule 1f1b --num_microbatches 4 --config pretrain/configs/tiny.yaml \\
         --max_steps 32 --output_dir runs/demo/pp
-    python -m pretrain.parallel.train --strategy single --config pretrain/configs/tiny.yaml \\
+    python -m pretrain.run_model_parallel --strategy single --config pretrain/configs/tiny.yaml \\
         --max_steps 32 --output_dir runs/demo/single     # this loop in one process
 
 Trainer (pretrain/run.py) runs the data-parallel strategies (DDP, FSDP, ZeRO), where every
@@ -141,7 +141,7 @@ def check_launch(strategy: str, training_args: TrainingArguments) -> None:
     if strategy == "single" and launched > 1:
         raise InputError(
             f"--strategy single runs in one process, but {launched} were started; run it "
-            "with python -m pretrain.parallel.train, or pick --strategy tp or pp"
+            "with python -m pretrain.run_model_parallel, or pick --strategy tp or pp"
         )
     if strategy != "single" and launched < 2:
         raise InputError(
@@ -402,7 +402,10 @@ def train_model_parallel(
 def main(argv: list[str] | None = None) -> int:
     budget = TimeBudget()
     parallel_args, args = PretrainArguments.parse(
-        argv, (ParallelArguments,), description=__doc__, prog="python -m pretrain.parallel.train"
+        argv,
+        (ParallelArguments,),
+        description=__doc__,
+        prog="python -m pretrain.run_model_parallel",
     )
     training_args = args.training
     # Before the folder lock: processes that did not join would each take it as rank 0.

@@ -27,9 +27,9 @@ from pretrain_runs import (
 
 from common.run_contract import CHECKPOINT_MANIFEST_FILE, STOP_GRACE_VARIABLE, STOP_SIGNALS
 from pretrain.checkpoints import checkpoint_damage, checkpoint_global_step, list_checkpoints
-from pretrain.parallel.launch import StopSignals, newest_complete_checkpoint, outcome, run_folder
+from pretrain.launch import StopSignals, newest_complete_checkpoint, outcome, run_folder
 
-LAUNCHER = [sys.executable, "-m", "pretrain.parallel.launch"]
+LAUNCHER = [sys.executable, "-m", "pretrain.launch"]
 CPU_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu.yaml"
 CPU_DDP_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu_ddp.yaml"
 NUM_BLOCKS = 40_000  # 10,000 steps of 4 blocks: the tests stop the runs long before
