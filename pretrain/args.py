@@ -1,4 +1,4 @@
-"""The options of the pretraining stage, all in one place.
+"""The options of the pretraining stage, all in one place, and what a run changes in them.
 
 `pretrain/run.py` takes `ModelArguments`, `common.corpus.CorpusArguments` (which text),
 `DataArguments`, `ReportArguments` and `PretrainTrainingArguments` (transformers'
@@ -7,24 +7,38 @@ output folder); `prepare-blocks` takes `CorpusArguments` and `DataArguments`; `g
 takes `GenerateArguments`. Each dataclass checks its own values when it is created and raises
 `InputError` (one line: what, and how to fix it), so a bad value stops the program before
 anything is read or written.
+
+Mixed precision and TF32 are decided once (`resolve_precision`). Whoever launches the run says
+the precision once: the accelerate YAML (or `accelerate launch --mixed_precision`) when it names
+bf16/fp16, otherwise `--bf16`/`--fp16` on our command line, otherwise the hardware: bf16 on GPUs
+that have it (Ampere and newer), fp16 with loss scaling on older ones (RTX 2080 Ti, V100, T4),
+fp32 on CPU. `accelerate launch` writes `mixed_precision: "no"` when nothing was configured, so
+"no" from the launcher means "not decided" rather than "fp32".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from dataclasses import dataclass
+import logging
+import math
+import os
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NamedTuple, get_type_hints
 
+import torch
 from transformers import GPT2Config, PreTrainedTokenizerBase, TrainingArguments
 from transformers.activations import ACT2FN
 from transformers.hf_argparser import HfArg
+from transformers.utils.import_utils import enable_tf32
 
 from common.cli import InputError, parse_args
 from common.corpus import CorpusArguments
 from pretrain.blocks.args import DataArguments
 from pretrain.loss import LOSS_IMPLEMENTATIONS
 from pretrain.model import PRESETS, build_model_config
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -146,7 +160,7 @@ class PretrainTrainingArguments(TrainingArguments):
     configs in pretrain/configs/ set the recipe on top.
 
     `max_steps` is derived from the token budget and the global batch (pretrain/plan.py); the
-    precision from the launcher, the flags or the GPU (pretrain/precision.py).
+    precision from the launcher, the flags or the GPU (`resolve_precision`).
     """
 
     # The TrainingArguments that --help names besides those redeclared here: what the configs
@@ -223,3 +237,111 @@ class PretrainArguments(NamedTuple):
         option_classes = get_type_hints(cls).values()
         values = parse_args((*extra, *option_classes), argv, description=description, prog=prog)
         return (*values[: len(extra)], cls(*values[len(extra) :]))
+
+
+# --- What the run changes in the options it was given ----------------------------------------
+
+LAUNCHER_PRECISION_VARIABLE = "ACCELERATE_MIXED_PRECISION"
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The precision a run trains in, and who decided it (for the log and the summary)."""
+
+    mixed_precision: str  # "bf16", "fp16" or "no" (fp32)
+    source: str
+    tf32: bool
+
+    @property
+    def name(self) -> str:
+        """ "bf16", "fp16" or "fp32"."""
+        return "fp32" if self.mixed_precision == "no" else self.mixed_precision
+
+
+def resolve_precision(training_args: TrainingArguments) -> PrecisionChoice:
+    """Decide bf16/fp16/fp32 and TF32, write the choice into `training_args`, and return it."""
+    launcher = os.environ.get(LAUNCHER_PRECISION_VARIABLE, "no").lower()
+    flag = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else None
+    if launcher != "no" and flag and launcher != flag:
+        raise InputError(
+            f"precision set twice: the accelerate config says {launcher} and the command line "
+            f"says --{flag}; drop one of them"
+        )
+    device = training_args.device
+    if launcher != "no":
+        mixed_precision, source = launcher, "accelerate config"
+    elif flag:
+        mixed_precision, source = flag, f"--{flag}"
+    elif device.type != "cuda":
+        mixed_precision, source = "no", f"automatic ({device.type}: fp32)"
+    elif torch.cuda.is_bf16_supported(including_emulation=False):
+        mixed_precision = "bf16"
+        source = f"automatic ({torch.cuda.get_device_name(device)} supports bf16)"
+    else:
+        mixed_precision = "fp16"
+        source = f"automatic ({torch.cuda.get_device_name(device)} has no bf16)"
+    if (
+        mixed_precision == "bf16"
+        and device.type == "cuda"
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
+        raise InputError(
+            f"{torch.cuda.get_device_name(device)} has no bf16 but {source} asks for it; use "
+            "fp16 (accelerate launch --mixed_precision fp16, or --fp16 without accelerate)"
+        )
+    training_args.bf16 = mixed_precision == "bf16"
+    training_args.fp16 = mixed_precision == "fp16"
+    training_args.mixed_precision = mixed_precision
+
+    # TF32 matmuls for whatever stays in fp32 (the optimizer, the loss); TrainingArguments
+    # already applied an explicit --tf32, and refuses it on GPUs that lack it.
+    tf32 = training_args.tf32
+    if tf32 is None:
+        tf32 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+        if tf32:
+            enable_tf32(True)
+    choice = PrecisionChoice(mixed_precision=mixed_precision, source=source, tf32=bool(tf32))
+    logger.info("precision: %s (%s), TF32 %s", choice.name, source, "on" if tf32 else "off")
+    return choice
+
+
+def budget_in_whole_batches(args: PretrainArguments, batch_blocks: int) -> DataArguments:
+    """The data options with --max_train_tokens rounded up to whole global batches (with
+    --whole_batches): every step then has the shape of the first, and compiled code never meets
+    a new one."""
+    data_args, batch_tokens = args.data, batch_blocks * args.data.block_size
+    budget = data_args.max_train_tokens
+    if budget is None or not args.training.whole_batches or budget % batch_tokens == 0:
+        return data_args
+    rounded = math.ceil(budget / batch_tokens) * batch_tokens
+    logger.info(
+        "token budget %s rounded up to %s, %d whole batches of %s tokens (--whole_batches)",
+        f"{budget:,}",
+        f"{rounded:,}",
+        rounded // batch_tokens,
+        f"{batch_tokens:,}",
+    )
+    return replace(data_args, max_train_tokens=rounded)
+
+
+def drop_unused_options(model_args: ModelArguments, training_args: TrainingArguments) -> None:
+    """Name, in one line, the options of pretrain/run.py that this loop does not apply, and
+    set them to what it does, so that the run summary records what ran."""
+    unused = []
+    if model_args.loss_implementation != "hf":
+        unused.append(
+            f"--loss_implementation {model_args.loss_implementation} (the loss is "
+            "transformers' cross-entropy over the full logits)"
+        )
+        model_args.loss_implementation = "hf"
+    if training_args.torch_compile:
+        unused.append("--torch_compile (the model runs eagerly)")
+        training_args.torch_compile = False
+    if training_args.save_strategy != "no":
+        unused.append(f"--save_strategy {training_args.save_strategy.value} (no checkpoints)")
+    if training_args.eval_strategy != "no":
+        unused.append(
+            f"--eval_strategy {training_args.eval_strategy.value} (one evaluation at the end)"
+        )
+    if unused:
+        logger.warning("not applied by this loop: %s", "; ".join(unused))

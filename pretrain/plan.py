@@ -1,32 +1,27 @@
-"""What both training loops decide before the first step and do after the last.
+"""What both training loops decide before the first step.
 
 Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel loop
 (pretrain/run_model_parallel.py) run the same plan: the tokenizer, the model's shape around it, the
 packed blocks (built by the main process first, reused by the others), the steps of one pass
-over them (`max_steps` is derived here and nowhere else), the run's description for its
-summary; and after the last step, the summary written once, its headline printed, and a run
-that diverged failed in one line.
+over them (`max_steps` is derived here and nowhere else).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase, set_seed
+from transformers import GPT2Config, PreTrainedTokenizerBase
 
-from common.cli import InputError, RunFailed
-from common.files import write_json_atomic
+from common.cli import InputError
 from common.run_contract import GPT_SUMMARY_FILE, read_gpt_summary
 from common.tokenization import load_tokenizer
-from pretrain.args import PretrainArguments
+from pretrain.args import PretrainArguments, budget_in_whole_batches
 from pretrain.batches import BlockSchedule
-from pretrain.blocks.args import DataArguments
 from pretrain.blocks.cache import copy_document_split, load_blocks, prepare_blocks, read_stats
 from pretrain.checkpoints import (
     RESUME_AUTO,
@@ -36,12 +31,6 @@ from pretrain.checkpoints import (
     resolve_resume_checkpoint,
     run_identity,
 )
-from pretrain.loss import use_chunked_loss
-from pretrain.metrics import flops_per_token, job_peak_flops_per_second
-from pretrain.model import build_model, count_parameters
-from pretrain.parallel.strategy import Strategy
-from pretrain.precision import PrecisionChoice
-from pretrain.summary import RunSetup, headline, speed_settings
 
 logger = logging.getLogger(__name__)
 
@@ -156,25 +145,6 @@ def check_finished_run(output_dir: Path, identity: dict[str, Any]) -> dict[str, 
     return finished
 
 
-def budget_in_whole_batches(args: PretrainArguments, batch_blocks: int) -> DataArguments:
-    """The data options with --max_train_tokens rounded up to whole global batches (with
-    --whole_batches): every step then has the shape of the first, and compiled code never meets
-    a new one."""
-    data_args, batch_tokens = args.data, batch_blocks * args.data.block_size
-    budget = data_args.max_train_tokens
-    if budget is None or not args.training.whole_batches or budget % batch_tokens == 0:
-        return data_args
-    rounded = math.ceil(budget / batch_tokens) * batch_tokens
-    logger.info(
-        "token budget %s rounded up to %s, %d whole batches of %s tokens (--whole_batches)",
-        f"{budget:,}",
-        f"{rounded:,}",
-        rounded // batch_tokens,
-        f"{batch_tokens:,}",
-    )
-    return replace(data_args, max_train_tokens=rounded)
-
-
 def check_budget_fills_a_batch(args: PretrainArguments, batch_blocks: int) -> None:
     """Refuse a token budget below one optimizer step before tokenizing anything."""
     data_args = args.data
@@ -186,79 +156,3 @@ def check_budget_fills_a_batch(args: PretrainArguments, batch_blocks: int) -> No
             f"{batch_tokens:,} tokens ({batch_blocks} blocks of {data_args.block_size}); "
             "raise the budget or lower the batch"
         )
-
-
-def build_random_model(args: PretrainArguments, plan: RunPlan) -> GPT2LMHeadModel:
-    """The planned GPT-2 with random weights drawn from --seed (the initial weights are part of
-    the experiment: both loops start from the same ones), with the loss --loss_implementation
-    names."""
-    set_seed(args.training.seed)
-    model = build_model(plan.model_config)
-    if args.model.loss_implementation == "chunked":
-        use_chunked_loss(model)
-    return model
-
-
-def describe_run(
-    args: PretrainArguments,
-    plan: RunPlan,
-    model: GPT2LMHeadModel,
-    strategy: Strategy,
-    accelerator_state: str,
-    precision: PrecisionChoice,
-    extra_options: Sequence[Any] = (),
-) -> RunSetup:
-    """The run as its summary records it: options, data, steps, model, parallelism, speed."""
-    training_args = args.training
-    return RunSetup(
-        config={
-            **args.to_dict(*extra_options),
-            "model_config": model.config.to_dict(),
-            "precision_source": precision.source,
-        },
-        final_loss_window=args.report.final_loss_window,
-        loss_threshold=args.report.loss_threshold,
-        schedule=plan.schedule,
-        data=plan.data,
-        num_parameters=count_parameters(model),
-        flops_per_token=flops_per_token(model, args.data.block_size),
-        peak_flops_per_second=job_peak_flops_per_second(
-            args.report.peak_tflops, training_args.device, training_args.world_size
-        ),
-        strategy=strategy,
-        accelerator_state=accelerator_state,
-        speed_settings=speed_settings(
-            args.model, training_args, precision.name, precision.tf32, model.config
-        ),
-        token_budget=args.data.max_train_tokens,
-        run_identity=plan.identity,
-        skipped_checkpoints=plan.skipped_checkpoints,
-    )
-
-
-def finish_run(summary: dict[str, Any], output_dir: Path, is_main: bool) -> None:
-    """Write run_summary.json and print its headline (main process); then fail a run that
-    diverged in one line, after its summary records it."""
-    if is_main:
-        write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
-        print(f"{headline(summary)}; run folder {output_dir}")
-    if summary["verdict"] == "diverged":
-        raise RunFailed(
-            f"training diverged at step {summary['diverged_at_step']} "
-            f"({summary['divergence']}) and stopped; {output_dir}/{GPT_SUMMARY_FILE} records the "
-            "run as diverged, with no final/ model; lower --learning_rate or lengthen "
-            "--warmup_steps, and start a new run"
-        )
-
-
-def nothing_to_resume(finished: dict[str, Any], output_dir: Path, is_main: bool) -> int:
-    """Resuming a run that already finished: 0 when it passed or failed, RunFailed (exit 3)
-    again when it diverged; its folder is left as it is."""
-    if finished["verdict"] == "diverged":
-        raise RunFailed(
-            f"the run in {output_dir} diverged at step {finished.get('diverged_at_step')} and "
-            "cannot be resumed; start a new run in another --output_dir"
-        )
-    if is_main:
-        print(f"run folder {output_dir} holds a finished run ({headline(finished)}); nothing to do")
-    return 0

@@ -22,7 +22,7 @@ from transformers import Trainer
 
 from common.cli import entry_point
 from common.run_contract import FINAL_MODEL_DIR, NVIDIA_SMI_FILE, TENSORBOARD_DIR
-from pretrain.args import PretrainArguments
+from pretrain.args import PrecisionChoice, PretrainArguments, resolve_precision
 from pretrain.batches import collate_blocks
 from pretrain.checkpoints import (
     CheckpointManifestCallback,
@@ -53,16 +53,9 @@ from pretrain.parallel.strategy import (
     check_strategy,
     requested_strategy,
 )
-from pretrain.plan import (
-    RunPlan,
-    build_random_model,
-    describe_run,
-    finish_run,
-    nothing_to_resume,
-    plan_run,
-)
-from pretrain.precision import PrecisionChoice, resolve_precision
+from pretrain.plan import RunPlan, plan_run
 from pretrain.run_folder import failures_in_one_line, hold_run_folder, save_final_model
+from pretrain.shell import build_random_model, describe_run, finish_run, nothing_to_resume
 from pretrain.summary import LoopResult, replica_checksums, run_summary
 
 logger = logging.getLogger(__name__)

@@ -58,7 +58,7 @@ from common.run_contract import (
     TENSORBOARD_DIR,
     TRAIN_LOSS,
 )
-from pretrain.args import ModelArguments, PretrainArguments
+from pretrain.args import PrecisionChoice, PretrainArguments, drop_unused_options
 from pretrain.batches import BlockSchedule
 from pretrain.checkpoints import divergence
 from pretrain.metrics import LoopClock, TimeBudget, rank_footprint
@@ -68,11 +68,11 @@ from pretrain.parallel.pipeline import (
     build_gpt2_pipeline,
     check_pipeline_arguments,
 )
-from pretrain.parallel.strategy import Strategy, check_processes_joined
+from pretrain.parallel.strategy import Strategy, check_model_parallel_launch
 from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
-from pretrain.plan import build_random_model, describe_run, finish_run, plan_run
-from pretrain.precision import PrecisionChoice
+from pretrain.plan import plan_run
 from pretrain.run_folder import hold_run_folder
+from pretrain.shell import build_random_model, describe_run, finish_run
 from pretrain.summary import LoopResult, parameter_checksum, run_summary
 
 logger = logging.getLogger(__name__)
@@ -132,55 +132,6 @@ class WholeModel:
 
     def tied_weight_difference(self) -> None:
         return None
-
-
-def check_launch(strategy: str, training_args: TrainingArguments) -> None:
-    """Refuse a launch whose processes do not fit the strategy or did not join one group."""
-    check_processes_joined(training_args)
-    launched = training_args.world_size
-    if strategy == "single" and launched > 1:
-        raise InputError(
-            f"--strategy single runs in one process, but {launched} were started; run it "
-            "with python -m pretrain.run_model_parallel, or pick --strategy tp or pp"
-        )
-    if strategy != "single" and launched < 2:
-        raise InputError(
-            f"--strategy {strategy} splits the model across processes, but only one was "
-            "started; launch it with torchrun --standalone --nproc_per_node 2 (or more)"
-        )
-    if training_args.gradient_accumulation_steps != 1:
-        raise InputError(
-            f"--gradient_accumulation_steps {training_args.gradient_accumulation_steps} is not "
-            "supported here; the pipeline's microbatches are its accumulation "
-            "(--num_microbatches), so pass --gradient_accumulation_steps 1"
-        )
-    if training_args.fp16 or training_args.bf16:
-        raise InputError(
-            "this loop trains in fp32 so that the strategies compare exactly; drop --fp16/--bf16"
-        )
-
-
-def drop_unused_options(model_args: ModelArguments, training_args: TrainingArguments) -> None:
-    """Name, in one line, the options of pretrain/run.py that this loop does not apply, and
-    set them to what it does, so that the run summary records what ran."""
-    unused = []
-    if model_args.loss_implementation != "hf":
-        unused.append(
-            f"--loss_implementation {model_args.loss_implementation} (the loss is "
-            "transformers' cross-entropy over the full logits)"
-        )
-        model_args.loss_implementation = "hf"
-    if training_args.torch_compile:
-        unused.append("--torch_compile (the model runs eagerly)")
-        training_args.torch_compile = False
-    if training_args.save_strategy != "no":
-        unused.append(f"--save_strategy {training_args.save_strategy.value} (no checkpoints)")
-    if training_args.eval_strategy != "no":
-        unused.append(
-            f"--eval_strategy {training_args.eval_strategy.value} (one evaluation at the end)"
-        )
-    if unused:
-        logger.warning("not applied by this loop: %s", "; ".join(unused))
 
 
 def build_local_model(
@@ -409,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     training_args = args.training
     # Before the folder lock: processes that did not join would each take it as rank 0.
-    check_launch(parallel_args.strategy, training_args)
+    check_model_parallel_launch(parallel_args.strategy, training_args)
     drop_unused_options(args.model, training_args)
     output_dir = Path(training_args.output_dir)
     try:

@@ -8,7 +8,7 @@ import torch
 from transformers import TrainingArguments
 
 from common.cli import InputError
-from pretrain.precision import LAUNCHER_PRECISION_VARIABLE, resolve_precision
+from pretrain.args import LAUNCHER_PRECISION_VARIABLE, resolve_precision
 
 
 def cpu_arguments(tmp_path, **kwargs) -> TrainingArguments:

@@ -38,6 +38,32 @@ def check_processes_joined(training_args: TrainingArguments) -> None:
         )
 
 
+def check_model_parallel_launch(strategy: str, training_args: TrainingArguments) -> None:
+    """Refuse a launch whose processes do not fit the strategy or did not join one group."""
+    check_processes_joined(training_args)
+    launched = training_args.world_size
+    if strategy == "single" and launched > 1:
+        raise InputError(
+            f"--strategy single runs in one process, but {launched} were started; run it "
+            "with python -m pretrain.run_model_parallel, or pick --strategy tp or pp"
+        )
+    if strategy != "single" and launched < 2:
+        raise InputError(
+            f"--strategy {strategy} splits the model across processes, but only one was "
+            "started; launch it with torchrun --standalone --nproc_per_node 2 (or more)"
+        )
+    if training_args.gradient_accumulation_steps != 1:
+        raise InputError(
+            f"--gradient_accumulation_steps {training_args.gradient_accumulation_steps} is not "
+            "supported here; the pipeline's microbatches are its accumulation "
+            "(--num_microbatches), so pass --gradient_accumulation_steps 1"
+        )
+    if training_args.fp16 or training_args.bf16:
+        raise InputError(
+            "this loop trains in fp32 so that the strategies compare exactly; drop --fp16/--bf16"
+        )
+
+
 @dataclass(frozen=True)
 class Request:
     """The strategy a run asks for, in accelerate's words, and the FSDP settings that need GPUs."""
