@@ -47,11 +47,14 @@ STOP_GRACE_VARIABLE = "PRETRAIN_STOP_GRACE_SECONDS"
 # `compile` and `token_budget` added.
 GPT_SUMMARY_VERSION = 3
 # The parts of a run's wall time in run_summary.json's `time_budget`, in the order they happen:
-# launch to our code imported, tokenizer and blocks, model, Trainer, the first step (compilation
-# and warm-up), the loop's other steps (checkpoint saves excluded), the checkpoint saves, the
-# final save, the final evaluation, the summary, the rest. Seconds each, together
-# `wall_seconds`; a part may be absent or null.
+# launch to our code imported, tokenizer and blocks, model, the loop's set-up (Trainer), the
+# first step (compilation and warm-up), the loop's other steps (checkpoint saves excluded), the
+# checkpoint saves, the final save, the final evaluation, the summary, the rest. Seconds each,
+# together `wall_seconds`; a part may be absent or null. pretrain/shell.py times them.
 GPT_TIME_BUDGET_PARTS = (
+    TIME_IMPORTS, TIME_DATA, TIME_MODEL, TIME_LOOP_SETUP, TIME_FIRST_STEP, TIME_STEPS,
+    TIME_CHECKPOINT_SAVES, TIME_FINAL_SAVE, TIME_FINAL_EVAL, TIME_SUMMARY, TIME_OTHER,
+) = (
     "imports", "data", "model", "trainer_setup", "first_step", "steps", "checkpoint_saves",
     "final_save", "final_eval", "summary", "other",
 )  # fmt: skip

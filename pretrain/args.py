@@ -23,6 +23,7 @@ import difflib
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NamedTuple, get_type_hints
 
@@ -34,6 +35,7 @@ from transformers.utils.import_utils import enable_tf32
 
 from common.cli import InputError, parse_args
 from common.corpus import CorpusArguments
+from pretrain.batches import BlockSchedule
 from pretrain.blocks.args import DataArguments
 from pretrain.loss import LOSS_IMPLEMENTATIONS
 from pretrain.model import PRESETS, build_model_config
@@ -159,8 +161,8 @@ class PretrainTrainingArguments(TrainingArguments):
     """transformers' `TrainingArguments` with what every pretraining run needs by default; the
     configs in pretrain/configs/ set the recipe on top.
 
-    `max_steps` is derived from the token budget and the global batch (pretrain/plan.py); the
-    precision from the launcher, the flags or the GPU (`resolve_precision`).
+    `max_steps` is derived from the token budget and the global batch, the precision from the
+    launcher, the flags or the GPU: `resolve_training_arguments` makes every such change.
     """
 
     # The TrainingArguments that --help names besides those redeclared here: what the configs
@@ -240,6 +242,47 @@ class PretrainArguments(NamedTuple):
 
 
 # --- What the run changes in the options it was given ----------------------------------------
+
+
+def resolve_training_arguments(
+    args: PretrainArguments,
+    batch_blocks: int,
+    count_train_blocks: Callable[[DataArguments], int],
+    model_parallel_loop: bool = False,
+) -> tuple[PrecisionChoice, BlockSchedule]:
+    """Every change a run makes to the options it was given, in one place, each logged once
+    with its reason; the precision and the steps it trains with.
+
+    1. The precision: bf16, fp16 and mixed_precision from the launcher, the flags or the GPU
+       (`resolve_precision`). The TP/PP loop (`model_parallel_loop`) trains in fp32, and sets
+       the options it does not apply to what it does (`drop_unused_options`).
+    2. The token budget, rounded up to whole global batches of `batch_blocks` blocks
+       (--whole_batches), for the data only: the summary records the budget as asked beside
+       the tokens trained.
+    3. max_steps, the one place it is decided: one pass over the training blocks that
+       `count_train_blocks` prepares for those data options (--max_steps may stop earlier).
+    """
+    training_args = args.training
+    if model_parallel_loop:
+        drop_unused_options(args.model, training_args)
+        precision = PrecisionChoice("no", "this loop trains in fp32", tf32=False)
+    else:
+        precision = resolve_precision(training_args)
+    num_train_blocks = count_train_blocks(budget_in_whole_batches(args, batch_blocks))
+    schedule = BlockSchedule.one_pass(
+        num_train_blocks, batch_blocks, args.data.block_size, training_args.max_steps
+    )
+    training_args.max_steps = schedule.max_steps
+    logger.info(
+        "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
+        f"{schedule.num_train_blocks:,}",
+        schedule.block_size,
+        schedule.batch_blocks,
+        f"{schedule.batch_tokens:,}",
+        schedule.max_steps,
+    )
+    return precision, schedule
+
 
 LAUNCHER_PRECISION_VARIABLE = "ACCELERATE_MIXED_PRECISION"
 

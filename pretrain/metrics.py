@@ -12,8 +12,8 @@ FSDP2 parameter (a DTensor) counts its local shard, a DeepSpeed ZeRO-3 parameter
 partition (`ds_tensor`), a tied weight once. The optimizer state is every tensor the optimizer
 keeps per parameter (AdamW: two moments and a step count) plus the parameters it updates that
 are not the model's own: the fp32 master copies of mixed precision and DeepSpeed's flat
-partitions. Call `rank_footprint` after at least one optimizer step (the state is created at
-the first), on every process, then accelerate's `gather_object` to have every process's record.
+partitions. `LoopClock.stop` gathers every process's record (`rank_footprint`) after the last
+optimizer step.
 
 Peak memory: on CUDA the most bytes of tensors allocated at once (`max_memory_allocated`); on
 CPU the peak resident set of the whole process (`getrusage`), which includes the interpreter,
@@ -31,8 +31,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 import torch
@@ -49,13 +50,17 @@ from common.run_contract import (
     GPU_POWER,
     GPU_UTILIZATION,
     MFU,
+    TIME_CHECKPOINT_SAVES,
+    TIME_FIRST_STEP,
+    TIME_IMPORTS,
+    TIME_LOOP_SETUP,
+    TIME_OTHER,
+    TIME_STEPS,
     TOKENS_PER_SECOND,
 )
 from pretrain.model import count_parameters
 from pretrain.parallel.strategy import local_tensor
-
-if TYPE_CHECKING:
-    from pretrain.summary import RunSetup
+from pretrain.plan import RunPlan
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +134,28 @@ def peak_flops_per_second(device_name: str) -> float | None:
         if all(word in words for word in required):
             return tflops * 1e12
     return None
+
+
+class Span(Enum):
+    """What a tokens/s figure covers: each caller of `tokens_per_second` names its span."""
+
+    WHOLE_LOOP = "whole_loop"  # this session's loop, first step included (run_summary.json)
+    WINDOW = "window"  # one logging window (TensorBoard's perf/tokens_per_second)
+    # The loop without its first step (compilation, warm-up): bench.compare_parallelism's.
+    AFTER_FIRST_STEP = "after_first_step"
+
+
+def tokens_per_second(
+    span: Span, tokens: int, seconds: float | None, first_step: tuple[int, float | None] = (0, None)
+) -> float | None:
+    """Training tokens per second over `span`: `tokens` in `seconds`, for AFTER_FIRST_STEP less
+    the first step's (its tokens, its seconds); None without tokens or seconds."""
+    if span is Span.AFTER_FIRST_STEP:
+        first_tokens, first_seconds = first_step
+        if first_seconds is None or seconds is None:
+            return None
+        tokens, seconds = tokens - first_tokens, seconds - first_seconds
+    return tokens / seconds if tokens > 0 and seconds and seconds > 0 else None
 
 
 def model_flops_utilization(
@@ -253,6 +280,9 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
 # --- The loop's clock and the callbacks that feed TensorBoard ------------------------------
 
 
+LOOP = "loop"  # the phase LoopClock times, split into first step, saves and steps
+
+
 class TimeBudget:
     """Where a run's wall seconds go, from the process launch to the summary: phases timed back
     to back (each `lap` gives the seconds since the previous one to a phase), the training loop
@@ -265,7 +295,7 @@ class TimeBudget:
         self.phases: dict[str, float] = {}
         # Graphs dynamo had compiled in this process when the loop started, after its first step.
         self.graphs_at_loop_start = self.graphs_after_first_step = 0
-        self.lap("imports")
+        self.lap(TIME_IMPORTS)
 
     def lap(self, phase: str) -> None:
         now = time.time()
@@ -278,12 +308,12 @@ class TimeBudget:
         """Seconds per part of `GPT_TIME_BUDGET_PARTS`, in its order, adding up to
         `wall_seconds`."""
         phases = dict(self.phases)
-        loop = phases.pop("loop", 0.0)
+        loop = phases.pop(LOOP, 0.0)
         if first_step_seconds is not None:
-            phases["first_step"] = first_step_seconds
-            phases["checkpoint_saves"] = save_seconds
-            phases["steps"] = loop - first_step_seconds - save_seconds
-        phases["other"] = phases.get("other", 0.0) + wall_seconds - sum(phases.values())
+            phases[TIME_FIRST_STEP] = first_step_seconds
+            phases[TIME_CHECKPOINT_SAVES] = save_seconds
+            phases[TIME_STEPS] = loop - first_step_seconds - save_seconds
+        phases[TIME_OTHER] = phases.get(TIME_OTHER, 0.0) + wall_seconds - sum(phases.values())
         return {name: round(phases[name], 3) for name in GPT_TIME_BUDGET_PARTS if name in phases}
 
     def compile_counts(self) -> dict[str, int]:
@@ -304,28 +334,32 @@ def graphs_compiled() -> int:
 class LoopClock:
     """Times a training loop, whichever it is: the whole loop, its first step (compilation
     happens there), and each logging window's tokens/s and MFU with the GPU's readings, as
-    TensorBoard scalars; takes one `nvidia-smi` snapshot halfway through.
+    TensorBoard scalars; takes one `nvidia-smi` snapshot halfway through, and at the end what
+    each process holds (`ranks`, rank_footprint's records, in rank order).
 
     The loop calls `start` before its first step, `step_done` after each step, `window` at each
-    logging step (where it synchronises with the device anyway), and `stop` after the last.
+    logging step (where it synchronises with the device anyway), and `stop` after the last, on
+    every process (after at least one optimizer step: the optimizer's state exists then).
     """
 
     def __init__(
-        self, run: RunSetup, device: torch.device, snapshot_path: Path, budget: TimeBudget
+        self, run: RunPlan, device: torch.device, snapshot_path: Path, budget: TimeBudget
     ) -> None:
         self.budget = budget
         self.run = run
+        self.device = device
         self.snapshot_path = snapshot_path
         self.gpu = GpuReadings(device)
         self.snapshot_taken = False
         self.loop_start: float | None = None
         self.loop_seconds: float | None = None
         self.first_step_seconds: float | None = None
+        self.ranks: list[dict[str, Any]] = []
         self._window_start = 0.0
         self._window_step = 0
 
     def start(self, step: int) -> None:
-        self.budget.lap("trainer_setup")
+        self.budget.lap(TIME_LOOP_SETUP)
         self.budget.graphs_at_loop_start = graphs_compiled()
         self.loop_start = self._window_start = time.perf_counter()
         self._window_step = step
@@ -342,11 +376,11 @@ class LoopClock:
         now = time.perf_counter()
         schedule = self.run.schedule
         tokens = schedule.tokens_seen(step) - schedule.tokens_seen(self._window_step)
-        tokens_per_second = tokens / (now - self._window_start)
+        speed = tokens_per_second(Span.WINDOW, tokens, now - self._window_start)
         self._window_start, self._window_step = now, step
-        scalars = {TOKENS_PER_SECOND: tokens_per_second, **self.gpu.read()}
+        scalars = {TOKENS_PER_SECOND: speed, **self.gpu.read()}
         mfu = model_flops_utilization(
-            tokens_per_second, self.run.flops_per_token, self.run.peak_flops_per_second
+            speed, self.run.flops_per_token, self.run.peak_flops_per_second
         )
         if mfu is not None:
             scalars[MFU] = mfu
@@ -355,10 +389,14 @@ class LoopClock:
             write_nvidia_smi_snapshot(self.snapshot_path)
         return scalars
 
-    def stop(self) -> None:
+    def stop(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """End the loop's time, then gather every process's footprint: before the final save
+        and the evaluation gather sharded weights (after them an FSDP2 process was seen holding
+        two thirds of the model's weights instead of half)."""
         if self.loop_start is not None:
             self.loop_seconds = time.perf_counter() - self.loop_start
-        self.budget.lap("loop")
+        self.budget.lap(LOOP)
+        self.ranks = gather_object([rank_footprint(model, optimizer, self.device)])
 
 
 class ThroughputCallback(TrainerCallback):
@@ -383,26 +421,18 @@ class ThroughputCallback(TrainerCallback):
             for tag, value in scalars.items():
                 writer.add_scalar(tag, value, state.global_step)
 
-    def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
-        self.clock.stop()
-
-
-class FootprintCallback(TrainerCallback):
-    """Every process's parameter and optimizer-state bytes and peak memory when training ends.
-
-    Measured there, before the final save and the evaluation gather sharded weights: after
-    them an FSDP2 process was seen holding two thirds of the model's weights instead of half.
-    """
-
-    ranks: list[dict] | None = None
-
     def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
-        self.ranks = gather_object([rank_footprint(model, optimizer, args.device)])
+        self.clock.stop(model, optimizer)
 
 
-def find_tensorboard_callback(trainer: Trainer) -> TensorBoardCallback | None:
+def clock_trainer(trainer: Trainer, clock: LoopClock, log_dir: Path, start_step: int) -> None:
+    """Time `trainer`'s loop with `clock`, its scalars into Trainer's TensorBoard writer, which
+    continues the log of a resumed run (`continue_tensorboard_log`)."""
     callbacks = trainer.callback_handler.callbacks
-    return next((c for c in callbacks if isinstance(c, TensorBoardCallback)), None)
+    tensorboard = next((c for c in callbacks if isinstance(c, TensorBoardCallback)), None)
+    if tensorboard is not None and trainer.is_world_process_zero():
+        continue_tensorboard_log(tensorboard, log_dir, start_step)
+    trainer.add_callback(ThroughputCallback(tensorboard, clock))
 
 
 def continue_tensorboard_log(callback: TensorBoardCallback, log_dir: Path, start_step: int) -> None:

@@ -1,9 +1,10 @@
-"""What both training loops decide before the first step.
+"""What both training loops decide before the first step, in one record (`RunPlan`).
 
 Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel loop
 (pretrain/run_model_parallel.py) run the same plan: the tokenizer, the model's shape around it, the
 packed blocks (built by the main process first, reused by the others), the steps of one pass
-over them (`max_steps` is derived here and nowhere else).
+over them (`max_steps`: pretrain/args.py's `resolve_training_arguments`), the checkpoint to
+resume from; the run's shell (pretrain/shell.py) adds the model and the parallelism in force.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from transformers import GPT2Config, PreTrainedTokenizerBase
 from common.cli import InputError
 from common.run_contract import GPT_SUMMARY_FILE, read_gpt_summary
 from common.tokenization import load_tokenizer
-from pretrain.args import PretrainArguments, budget_in_whole_batches
+from pretrain.args import PrecisionChoice, PretrainArguments, resolve_training_arguments
 from pretrain.batches import BlockSchedule
+from pretrain.blocks.args import DataArguments
 from pretrain.blocks.cache import copy_document_split, load_blocks, prepare_blocks, read_stats
 from pretrain.checkpoints import (
     RESUME_AUTO,
@@ -31,26 +33,44 @@ from pretrain.checkpoints import (
     resolve_resume_checkpoint,
     run_identity,
 )
+from pretrain.parallel.strategy import Strategy
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class RunPlan:
-    """What is decided before any weight exists: the inputs, the data, the steps."""
+    """The run as decided before its first step, one record for both loops and the summary:
+    the inputs, the data and the steps (`plan_run`), then the model and the parallelism in
+    force (`RunShell.describe`, pretrain/shell.py)."""
 
     tokenizer: PreTrainedTokenizerBase
     model_config: GPT2Config
     blocks: datasets.DatasetDict
-    data: dict[str, Any]  # the cache folder and its stats.json
+    data: dict[str, Any]  # the packed-block cache folder and its stats.json
     schedule: BlockSchedule
+    precision: PrecisionChoice
+    final_loss_window: int
+    loss_threshold: float
+    token_budget: int | None = None  # --max_train_tokens as asked (the run may round it up)
     resume_checkpoint: Path | None = None
     resumed_from_step: int = 0
-    identity: dict[str, Any] | None = None  # what a checkpoint of this run records
+    # What a checkpoint of this run records (Trainer's loop): a finished run is compared with it.
+    run_identity: dict[str, Any] | None = None
+    # Checkpoints that resuming skipped: each one's name, why, and where it was moved.
     skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)
-    # The summary of this same run when it already finished in the folder (resuming: nothing
-    # to do).
+    # The summary of this same run when it already finished in the folder (nothing to do).
     finished: dict[str, Any] | None = None
+    # Described once the model and the parallelism exist: every resolved option by dataclass
+    # name with the model config, the model's size and FLOPs (pretrain.metrics), the whole
+    # job's peak FLOP/s (one device's x devices), the strategy in force, speed settings.
+    config: dict[str, Any] = field(default_factory=dict)
+    num_parameters: int = 0
+    flops_per_token: float = 0.0
+    peak_flops_per_second: float | None = None
+    strategy: Strategy | None = None
+    accelerator_state: str = ""
+    speed_settings: dict[str, Any] = field(default_factory=dict)
 
     def copy_document_split(self, run_dir: str | Path) -> None:
         """Record in the run folder which documents the blocks' splits hold (for the probe)."""
@@ -62,12 +82,14 @@ def plan_run(
     batch_blocks: int,
     model_checks: Sequence[Callable[[GPT2Config], None]] = (),
     resumable: bool = False,
+    model_parallel_loop: bool = False,
 ) -> RunPlan:
     """Check everything that can be checked cheaply, then prepare the blocks and count steps.
 
     `batch_blocks` is the loop's global batch in blocks; `model_checks` refuse a model shape
     the loop cannot split; a `resumable` loop (Trainer's) resolves --resume_from_checkpoint
-    before tokenizing anything, and refuses a checkpoint of another run.
+    before tokenizing anything, and refuses a checkpoint of another run; the options the run
+    changes are changed by `resolve_training_arguments` (the TP/PP loop's: `model_parallel_loop`).
     """
     training_args, data_args = args.training, args.data
     tokenizer = load_tokenizer(data_args.tokenizer_dir)
@@ -75,65 +97,59 @@ def plan_run(
     for check in model_checks:
         check(model_config)
     check_budget_fills_a_batch(args, batch_blocks)
+    output_dir = Path(training_args.output_dir)
     resume_checkpoint, skipped = None, []
     # A run that finished in the folder is left as it is: no checkpoint judged, adopted, moved.
     finished_here = (
         training_args.resume_from_checkpoint == RESUME_AUTO
-        and (Path(training_args.output_dir) / GPT_SUMMARY_FILE).is_file()
+        and (output_dir / GPT_SUMMARY_FILE).is_file()
     )
     if resumable and not finished_here:
         with training_args.main_process_first(local=False, desc="checking the run folder"):
             resume_checkpoint, skipped = resolve_resume_checkpoint(
-                training_args.output_dir,
-                training_args.resume_from_checkpoint,
-                is_main=training_args.should_save,
+                output_dir, training_args.resume_from_checkpoint, is_main=training_args.should_save
             )
-    # The main process builds the cache; the others then find it ready (shared filesystem).
-    with training_args.main_process_first(local=False, desc="preparing packed blocks"):
-        cache_dir = prepare_blocks(
-            args.corpus, budget_in_whole_batches(args, batch_blocks), tokenizer
-        )
-    blocks = load_blocks(cache_dir)
-    schedule = BlockSchedule.one_pass(
-        len(blocks["train"]), batch_blocks, data_args.block_size, training_args.max_steps
+    prepared: dict[str, Any] = {}
+
+    def count_train_blocks(budgeted: DataArguments) -> int:
+        # The main process builds the cache; the others then find it ready (shared filesystem).
+        with training_args.main_process_first(local=False, desc="preparing packed blocks"):
+            prepared["cache_dir"] = prepare_blocks(args.corpus, budgeted, tokenizer)
+        prepared["blocks"] = load_blocks(prepared["cache_dir"])
+        return len(prepared["blocks"]["train"])
+
+    precision, schedule = resolve_training_arguments(
+        args, batch_blocks, count_train_blocks, model_parallel_loop
     )
-    # The one place max_steps is decided: one pass over the budget's blocks.
-    training_args.max_steps = schedule.max_steps
-    data = {"cache_dir": str(cache_dir), **read_stats(cache_dir)}
+    data = {"cache_dir": str(prepared["cache_dir"]), **read_stats(prepared["cache_dir"])}
     identity = finished = None
     if resumable:
         identity = run_identity(training_args, data, model_config, schedule)
         if finished_here:
-            finished = check_finished_run(Path(training_args.output_dir), identity)
+            finished = check_finished_run(output_dir, identity)
         if resume_checkpoint is not None:
             check_same_run(resume_checkpoint, identity, training_args.process_index == 0)
-    logger.info(
-        "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
-        f"{schedule.num_train_blocks:,}",
-        schedule.block_size,
-        schedule.batch_blocks,
-        f"{schedule.batch_tokens:,}",
-        schedule.max_steps,
-    )
     return RunPlan(
         tokenizer,
         model_config,
-        blocks,
+        prepared["blocks"],
         data,
         schedule,
-        resume_checkpoint,
-        checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
-        identity,
-        skipped,
-        finished,
+        precision,
+        args.report.final_loss_window,
+        args.report.loss_threshold,
+        token_budget=data_args.max_train_tokens,
+        resume_checkpoint=resume_checkpoint,
+        resumed_from_step=checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
+        run_identity=identity,
+        skipped_checkpoints=skipped,
+        finished=finished,
     )
 
 
-def check_finished_run(output_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
-    """The summary of the run that finished in `output_dir` when it is this run (None: no
-    finished run); a finished run of other settings is refused, naming what differs."""
-    if not (output_dir / GPT_SUMMARY_FILE).is_file():
-        return None
+def check_finished_run(output_dir: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """The summary of the run that finished in `output_dir` when it is this run; a finished
+    run of other settings is refused, naming what differs."""
     finished = read_gpt_summary(output_dir)
     saved = finished.get("run_identity") or identity  # summaries before version 3 have none
     differences = identity_differences(saved, identity, where="in that run")

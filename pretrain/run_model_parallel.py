@@ -32,36 +32,27 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-import datasets
 import torch
 import torch.distributed as dist
 from accelerate.data_loader import SeedableRandomSampler
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import broadcast_object_list
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils.tensorboard import SummaryWriter
-from transformers import GPT2LMHeadModel, Trainer, TrainerState, TrainingArguments, get_scheduler
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerState,
+    TrainingArguments,
+    get_scheduler,
+)
 from transformers.hf_argparser import HfArg
 
-from common.cli import InputError, RunFailed, entry_point
-from common.run_contract import (
-    EVAL_LOSS,
-    GRAD_NORM,
-    LEARNING_RATE,
-    NVIDIA_SMI_FILE,
-    TENSORBOARD_DIR,
-    TRAIN_LOSS,
-)
-from pretrain.args import PrecisionChoice, PretrainArguments, drop_unused_options
-from pretrain.batches import BlockSchedule
-from pretrain.checkpoints import divergence
-from pretrain.metrics import LoopClock, TimeBudget, rank_footprint
+from common.run_contract import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, TRAIN_LOSS
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
     GPT2Pipeline,
@@ -70,10 +61,8 @@ from pretrain.parallel.pipeline import (
 )
 from pretrain.parallel.strategy import Strategy, check_model_parallel_launch
 from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
-from pretrain.plan import plan_run
-from pretrain.run_folder import hold_run_folder
-from pretrain.shell import build_random_model, describe_run, finish_run
-from pretrain.summary import LoopResult, parameter_checksum, run_summary
+from pretrain.shell import RunShell, command
+from pretrain.summary import LoopResult, replica_checksums
 
 logger = logging.getLogger(__name__)
 
@@ -174,211 +163,168 @@ def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torc
     )
 
 
-def train_steps(
-    local: WholeModel | GPT2Pipeline,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    batches: Iterator[torch.Tensor],
-    training_args: TrainingArguments,
-    clock: LoopClock,
-    writer: SummaryWriter | None,
-) -> tuple[list[float], int, str | None]:
-    """One optimizer step per batch, logged as Trainer logs: each logging window's mean loss
-    and the last grad norm and learning rate, with the window's speed, to TensorBoard.
+class ModelParallelRun(RunShell):
+    """This loop in the run's shell: the model split for --strategy, Trainer's optimizer and
+    schedule, one optimizer step per batch, logged as Trainer logs."""
 
-    Returns the windows' mean losses (on the loss rank), the last step, and why the loop
-    stopped there (a NaN or infinite gradient norm, on every rank) or None."""
-    device, num_steps = training_args.device, training_args.max_steps  # plan_run's max_steps
-    max_norm = training_args.max_grad_norm if training_args.max_grad_norm > 0 else math.inf
-    state = TrainerState()
-    state.compute_steps(training_args, num_steps)  # Trainer's logging interval
-    log_every = state.logging_steps
-    logged_losses: list[float] = []
-    window_losses: list[torch.Tensor] = []
-    clock.start(0)
-    for step, batch in enumerate(batches, start=1):
-        learning_rate = scheduler.get_last_lr()[0]
-        loss = local.forward_backward(batch.to(device))
-        grad_norm = local.clip_grad_norm_(max_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if loss is not None:
-            window_losses.append(loss)
-        clock.step_done()
-        # The whole model's norm, the same on every process: all stop at the same step.
-        reading = divergence({"grad_norm": grad_norm.item()})
-        if reading is not None:
-            logger.error("training diverged at step %d (%s): stopping", step, reading)
-            break
-        if not (step % log_every == 0 or (step == 1 and training_args.logging_first_step)):
-            continue
-        scalars = clock.window(step)  # after the device's work: the loss is read below
-        if loss is None:
-            continue
-        window_loss = torch.stack(window_losses).mean().item()
-        window_losses.clear()
-        logged_losses.append(window_loss)
-        scalars |= {
-            TRAIN_LOSS: window_loss,
-            GRAD_NORM: grad_norm.item(),
-            LEARNING_RATE: learning_rate,
-        }
+    option_classes = (ParallelArguments,)
+    prog = "python -m pretrain.run_model_parallel"
+
+    @property
+    def batch_blocks(self) -> int:
+        return self.training_args.per_device_train_batch_size  # every process sees the batch
+
+    def check_launch(self) -> None:
+        (self.parallel,) = self.options
+        check_model_parallel_launch(self.parallel.strategy, self.training_args)
+
+    def check_model(self, config: GPT2Config) -> None:
+        if self.parallel.strategy == "tp":
+            check_tensor_parallel_size(config.n_head, self.training_args.world_size)
+
+    def build(self, model: GPT2LMHeadModel) -> tuple[Strategy, str]:
+        parallel, training_args, schedule = self.parallel, self.training_args, self.plan.schedule
+        world_size, device = training_args.world_size, training_args.device
+        if parallel.strategy == "pp":
+            check_pipeline_arguments(
+                model.config.n_layer,
+                world_size,
+                parallel.pipeline_schedule,
+                parallel.num_microbatches,
+                self.batch_blocks,
+                last_batch_blocks=schedule.last_batch_blocks,
+            )
+        self.local = build_local_model(parallel.strategy, model, device, parallel)
+        self.optimizer = build_optimizer(self.local.module, training_args)
+        self.scheduler = get_scheduler(
+            training_args.lr_scheduler_type,
+            self.optimizer,
+            num_warmup_steps=training_args.get_warmup_steps(schedule.max_steps),
+            num_training_steps=schedule.max_steps,
+            scheduler_specific_kwargs=training_args.lr_scheduler_kwargs,
+        )
         logger.info(
-            "step %d/%d: loss %.4f, grad norm %.3f", step, num_steps, window_loss, grad_norm.item()
+            "%s over %d process(es): %d steps of %d blocks x %d tokens",
+            parallel.strategy_name,
+            world_size,
+            schedule.max_steps,
+            self.batch_blocks,
+            schedule.block_size,
         )
-        if writer is not None:
-            for tag, value in scalars.items():
-                writer.add_scalar(tag, value, step)
-    clock.stop()
-    return logged_losses, step, reading
-
-
-def training_batches(train_blocks: datasets.Dataset, schedule: BlockSchedule, seed: int):
-    """Every step's token ids (up to batch_blocks, block_size), the same on every process and
-    in the order Trainer reads them: accelerate's seeded sampler over the blocks, consecutive
-    batches, the last one partial when the blocks do not fill it."""
-    order = list(SeedableRandomSampler(range(schedule.num_train_blocks), data_seed=seed))
-    for step in range(schedule.max_steps):
-        indices = order[step * schedule.batch_blocks : (step + 1) * schedule.batch_blocks]
-        yield train_blocks[indices]["input_ids"]  # int64 (blocks, block_size)
-
-
-@torch.no_grad()
-def evaluate(
-    local: WholeModel | GPT2Pipeline, blocks: datasets.Dataset, device: torch.device
-) -> float | None:
-    """Mean loss over the validation blocks (each block's mean, averaged), on the loss rank, as
-    Trainer's evaluation computes it for blocks of equal length."""
-    local.module.eval()
-    losses = local.evaluate(blocks[:]["input_ids"].to(device))
-    return None if losses is None else losses.mean().item()
-
-
-def train_model_parallel(
-    parallel_args: ParallelArguments, args: PretrainArguments, budget: TimeBudget
-) -> dict[str, Any]:
-    """Plan the run, split the model, train, evaluate; the run summary (on every rank)."""
-    strategy, training_args = parallel_args.strategy, args.training
-    batch_blocks = training_args.per_device_train_batch_size  # every process sees the batch
-    world_size = training_args.world_size
-    tp_checks = [lambda config: check_tensor_parallel_size(config.n_head, world_size)]
-    plan = plan_run(args, batch_blocks, tp_checks if strategy == "tp" else ())
-    budget.lap("data")
-    if strategy == "pp":
-        check_pipeline_arguments(
-            plan.model_config.n_layer,
-            training_args.world_size,
-            parallel_args.pipeline_schedule,
-            parallel_args.num_microbatches,
-            batch_blocks,
-            last_batch_blocks=plan.schedule.last_batch_blocks,
-        )
-    model = build_random_model(args, plan)  # the same initial weights as pretrain/run.py's
-    device = training_args.device
-    run = describe_run(
-        args,
-        plan,
-        model,
-        Strategy(parallel_args.strategy_name, LOOP_STRATEGIES[strategy], training_args.world_size),
-        accelerator_state=(
-            f"torch.distributed {dist.get_backend()}, {training_args.world_size} processes, "
-            f"device {device}"
+        # The process that sees the loss: the pipeline's last stage, else every process (rank 0).
+        self.loss_rank = world_size - 1 if parallel.strategy == "pp" else 0
+        is_loss_rank = training_args.process_index == self.loss_rank
+        self.writer = SummaryWriter(str(self.tensorboard_dir)) if is_loss_rank else None
+        state = (
+            f"torch.distributed {dist.get_backend()}, {world_size} processes, device {device}"
             if dist.is_initialized()
             else f"one process, device {device}"
-        ),
-        precision=PrecisionChoice("no", "this loop trains in fp32", tf32=False),
-        extra_options=(parallel_args,),
-    )
-    budget.lap("model")
-    local = build_local_model(strategy, model, device, parallel_args)
-    optimizer = build_optimizer(local.module, training_args)
-    schedule = plan.schedule
-    scheduler = get_scheduler(
-        training_args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=training_args.get_warmup_steps(schedule.max_steps),
-        num_training_steps=schedule.max_steps,
-        scheduler_specific_kwargs=training_args.lr_scheduler_kwargs,
-    )
-    logger.info(
-        "%s over %d process(es): %d steps of %d blocks x %d tokens",
-        run.strategy.name,
-        training_args.world_size,
-        schedule.max_steps,
-        batch_blocks,
-        schedule.block_size,
-    )
-    output_dir = Path(training_args.output_dir)
-    # The process that sees the loss: the pipeline's last stage, else every process (rank 0).
-    loss_rank = training_args.world_size - 1 if strategy == "pp" else 0
-    is_loss_rank = training_args.process_index == loss_rank
-    if training_args.process_index == 0:
-        plan.copy_document_split(output_dir)
-    writer = SummaryWriter(str(output_dir / TENSORBOARD_DIR)) if is_loss_rank else None
-    clock = LoopClock(run, device, output_dir / NVIDIA_SMI_FILE, budget)
-    batches = training_batches(plan.blocks["train"], schedule, training_args.seed)
-    logged_losses, last_step, reading = train_steps(
-        local, optimizer, scheduler, batches, training_args, clock, writer
-    )
-    ranks = gather_object([rank_footprint(local.module, optimizer, device)])
-    eval_loss = None if reading else evaluate(local, plan.blocks["validation"], device)
-    budget.lap("final_eval")
-    if writer is not None:
-        if eval_loss is not None:
-            writer.add_scalar(EVAL_LOSS, eval_loss, schedule.max_steps)
-        writer.close()
-    logged_losses, eval_loss, tied_difference = broadcast_object_list(
-        [logged_losses, eval_loss, local.tied_weight_difference()], loss_rank
-    )
-    result = LoopResult(
-        start_step=0,
-        global_step=last_step,
-        logged_losses=logged_losses,
-        eval_loss=eval_loss,
-        loop_seconds=clock.loop_seconds,
-        first_step_seconds=clock.first_step_seconds,
-        ranks=ranks,
-        # Sharded parameters differ between processes by design: no replicas to compare.
-        replica_checksums=[parameter_checksum(local.module)] if strategy == "single" else None,
-        checks={} if tied_difference is None else {"tied_weight_max_difference": tied_difference},
-        diverged_at_step=last_step if reading else None,
-        divergence=reading,
-        budget=budget,
-    )
-    return run_summary(run, result)
+        )
+        return Strategy(
+            parallel.strategy_name, LOOP_STRATEGIES[parallel.strategy], world_size
+        ), state
 
+    def train(self) -> None:
+        """One optimizer step per batch, logged as Trainer logs: each logging window's mean loss
+        and the last grad norm and learning rate, with the window's speed, to TensorBoard; a NaN
+        or infinite gradient norm (the whole model's, the same on every process) stops every
+        process at the same step."""
+        local, optimizer, clock, plan = self.local, self.optimizer, self.clock, self.plan
+        training_args, writer, schedule = self.training_args, self.writer, plan.schedule
+        max_norm = training_args.max_grad_norm if training_args.max_grad_norm > 0 else math.inf
+        state = TrainerState()
+        state.compute_steps(training_args, schedule.max_steps)  # Trainer's logging interval
+        # Every step's token ids, the same on every process and in the order Trainer reads
+        # them: accelerate's seeded sampler over the blocks, the last batch partial when the
+        # blocks do not fill it.
+        order = list(
+            SeedableRandomSampler(range(schedule.num_train_blocks), data_seed=training_args.seed)
+        )
+        self.logged_losses: list[float] = []
+        window_losses: list[torch.Tensor] = []
+        clock.start(0)
+        for step in range(1, schedule.max_steps + 1):
+            indices = order[(step - 1) * schedule.batch_blocks : step * schedule.batch_blocks]
+            batch = plan.blocks["train"][indices]["input_ids"]  # int64 (blocks, block_size)
+            learning_rate = self.scheduler.get_last_lr()[0]
+            loss = local.forward_backward(batch.to(training_args.device))
+            grad_norm = local.clip_grad_norm_(max_norm)
+            optimizer.step()
+            self.scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if loss is not None:
+                window_losses.append(loss)
+            clock.step_done()
+            self.last_step = step
+            if self.diverged(step, {"grad_norm": grad_norm.item()}):
+                break
+            if not (
+                step % state.logging_steps == 0 or (step == 1 and training_args.logging_first_step)
+            ):
+                continue
+            scalars = clock.window(step)  # after the device's work: the loss is read below
+            if loss is None:
+                continue
+            window_loss = torch.stack(window_losses).mean().item()
+            window_losses.clear()
+            self.logged_losses.append(window_loss)
+            scalars |= {
+                TRAIN_LOSS: window_loss,
+                GRAD_NORM: grad_norm.item(),
+                LEARNING_RATE: learning_rate,
+            }
+            logger.info(
+                "step %d/%d: loss %.4f, grad norm %.3f",
+                step,
+                schedule.max_steps,
+                window_loss,
+                grad_norm.item(),
+            )
+            if writer is not None:
+                for tag, value in scalars.items():
+                    writer.add_scalar(tag, value, step)
+        clock.stop(local.module, optimizer)
 
-@entry_point
-def main(argv: list[str] | None = None) -> int:
-    budget = TimeBudget()
-    parallel_args, args = PretrainArguments.parse(
-        argv,
-        (ParallelArguments,),
-        description=__doc__,
-        prog="python -m pretrain.run_model_parallel",
-    )
-    training_args = args.training
-    # Before the folder lock: processes that did not join would each take it as rank 0.
-    check_model_parallel_launch(parallel_args.strategy, training_args)
-    drop_unused_options(args.model, training_args)
-    output_dir = Path(training_args.output_dir)
-    try:
-        with hold_run_folder(output_dir, training_args):
-            budget.lap("trainer_setup")
-            summary = train_model_parallel(parallel_args, args, budget)
-            finish_run(summary, output_dir, training_args.process_index == 0)
-    finally:
+    @torch.no_grad()
+    def measure(self, evaluate: bool) -> LoopResult:
+        """The validation loss (each block's mean, averaged, as Trainer's evaluation computes it
+        for blocks of equal length) on the loss rank, then on every process."""
+        local, writer, max_steps = self.local, self.writer, self.plan.schedule.max_steps
+        eval_loss = None
+        if evaluate:
+            local.module.eval()
+            blocks = self.plan.blocks["validation"][:]["input_ids"].to(self.training_args.device)
+            losses = local.evaluate(blocks)
+            eval_loss = None if losses is None else losses.mean().item()
+        if writer is not None:
+            if eval_loss is not None:
+                writer.add_scalar(EVAL_LOSS, eval_loss, max_steps)
+            writer.close()
+        logged_losses, eval_loss, tied_difference = broadcast_object_list(
+            [self.logged_losses, eval_loss, local.tied_weight_difference()], self.loss_rank
+        )
+        return LoopResult(
+            global_step=self.last_step,
+            logged_losses=logged_losses,
+            eval_loss=eval_loss,
+            # Sharded parameters differ between processes by design: no replicas to compare.
+            replica_checksums=replica_checksums(local.module, self.parallel.strategy != "single"),
+            checks={}
+            if tied_difference is None
+            else {"tied_weight_max_difference": tied_difference},
+        )
+
+    def close(self, shared: bool) -> None:
         # The processes meet at the barrier only when all end alike (done, bad input, diverged):
         # another error may be one process's alone while its peers wait in a collective; it
         # exits, and the launcher stops them. Without the barrier, gloo sometimes aborts at exit
         # while a peer is shutting down.
-        error = sys.exc_info()[1]
-        if dist.is_initialized() and (error is None or isinstance(error, InputError | RunFailed)):
+        if shared and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
-    return 0
 
+
+main = command(ModelParallelRun)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,102 +1,303 @@
-"""What both training loops do around their own loop: the random model they start from, the
-run's description for its summary; and after the last step, the summary written once, its
-headline printed, and a run that diverged failed in one line.
+"""A pretraining run's life, the same for both training loops, around the loop itself.
+
+    launch checks, the run folder held, the plan (tokenizer, blocks, steps, resume), the random
+    model, the loop built and the run described, trained, final/ saved, measured, the summary
+    written, the exit code
+
+Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel loop
+(pretrain/run_model_parallel.py) subclass `RunShell` and supply its hooks: `build` (the loop
+around the random model), `train` (one pass over the blocks) and `measure` (what only the loop
+knows of the result); where they have them, `check_launch` and `check_model` (refusals before
+anything is read or written), `save_final_model` and `close`. The rest is here: the folder's
+lock, the plan, the time budget (each part of GPT_TIME_BUDGET_PARTS is timed here or by the
+`LoopClock` a loop is given, none in a loop), the divergence and stop-signal endings and their
+exit codes, the summary.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from transformers import GPT2LMHeadModel, set_seed
+from transformers import GPT2Config, GPT2LMHeadModel, set_seed
 
-from common.cli import RunFailed
+from common.cli import InputError, RunFailed, entry_point
 from common.files import write_json_atomic
-from common.run_contract import GPT_SUMMARY_FILE
-from pretrain.args import PrecisionChoice, PretrainArguments
+from common.run_contract import (
+    FINAL_MODEL_DIR,
+    GPT_SUMMARY_FILE,
+    NVIDIA_SMI_FILE,
+    TENSORBOARD_DIR,
+    TIME_DATA,
+    TIME_FINAL_EVAL,
+    TIME_FINAL_SAVE,
+    TIME_LOOP_SETUP,
+    TIME_MODEL,
+    TIME_OTHER,
+)
+from pretrain.args import PretrainArguments
+from pretrain.checkpoints import (
+    CheckpointManifestCallback,
+    CheckpointOnSignalCallback,
+    DivergenceCallback,
+    StopRequested,
+    divergence,
+)
+from pretrain.library_fixes import (
+    apply_library_fixes,
+    compiled_once,
+    library_progress_bars,
+    quiet_cpu_notices,
+    trainer_creation_environment,
+    use_compile_cache,
+)
 from pretrain.loss import use_chunked_loss
-from pretrain.metrics import flops_per_token, job_peak_flops_per_second
+from pretrain.metrics import LoopClock, TimeBudget, flops_per_token, job_peak_flops_per_second
 from pretrain.model import build_model, count_parameters
-from pretrain.parallel.strategy import Strategy
-from pretrain.plan import RunPlan
-from pretrain.summary import RunSetup, headline, speed_settings
+from pretrain.parallel.strategy import Strategy, check_processes_joined
+from pretrain.plan import plan_run
+from pretrain.run_folder import failures_in_one_line, hold_run_folder
+from pretrain.summary import LoopResult, headline, run_summary
 
 logger = logging.getLogger(__name__)
 
 
-def build_random_model(args: PretrainArguments, plan: RunPlan) -> GPT2LMHeadModel:
-    """The planned GPT-2 with random weights drawn from --seed (the initial weights are part of
-    the experiment: both loops start from the same ones), with the loss --loss_implementation
-    names."""
-    set_seed(args.training.seed)
-    model = build_model(plan.model_config)
-    if args.model.loss_implementation == "chunked":
-        use_chunked_loss(model)
-    return model
+class RunShell:
+    """One run of a training loop, from its command line (`command`) to its exit code: 0, 2
+    for bad input and 3 for a failed run (one line each), 128 + signal for a stop."""
 
+    prog = "pretrain/run.py"
+    description: str | None = None  # --help's text; by default the loop module's docstring
+    option_classes: tuple[type, ...] = ()  # the loop's own options, parsed first
+    # Trainer's loop: the precision the launch asks for, checkpoints (resumed, sealed, one on
+    # SIGTERM/SIGUSR1 before stopping) and final/; a loop of our own trains in fp32 without them.
+    trainer_loop = False
 
-def describe_run(
-    args: PretrainArguments,
-    plan: RunPlan,
-    model: GPT2LMHeadModel,
-    strategy: Strategy,
-    accelerator_state: str,
-    precision: PrecisionChoice,
-    extra_options: Sequence[Any] = (),
-) -> RunSetup:
-    """The run as its summary records it: options, data, steps, model, parallelism, speed."""
-    training_args = args.training
-    return RunSetup(
-        config={
-            **args.to_dict(*extra_options),
+    def __init__(self, argv: list[str] | None) -> None:
+        self.budget = TimeBudget()
+        quiet_cpu_notices()
+        *self.options, self.args = self.parse(argv)
+        self.training_args = self.args.training
+        self.output_dir = Path(self.training_args.output_dir)
+        self.tensorboard_dir = self.output_dir / TENSORBOARD_DIR
+        self.divergence = DivergenceCallback()  # Trainer's callback; a record for other loops
+        self.stop_on_signal = CheckpointOnSignalCallback()
+
+    @classmethod
+    def parse(cls, argv: list[str] | None) -> tuple[Any, ...]:
+        """The loop's own options, then `PretrainArguments`, from flags and `--config`."""
+        description = cls.description or sys.modules[cls.__module__].__doc__
+        return PretrainArguments.parse(argv, cls.option_classes, description, cls.prog)
+
+    # --- The hooks a loop supplies ------------------------------------------------------------
+
+    @property
+    def batch_blocks(self) -> int:
+        """Blocks per optimizer step, all processes together."""
+        return self.training_args.global_batch_blocks
+
+    def check_launch(self) -> None:
+        """Refuse, before the folder is taken, a launch this loop cannot run."""
+
+    def check_model(self, config: GPT2Config) -> None:
+        """Refuse, before any data is read, a model shape this loop cannot split."""
+
+    def build(self, model: GPT2LMHeadModel) -> tuple[Strategy, str]:
+        """Set the loop up around `model` (`self.plan`, `self.clock` are there); the strategy in
+        force and the processes' state in words."""
+        raise NotImplementedError
+
+    def train(self) -> None:
+        """One pass over the planned blocks, timed by `self.clock`; stop early where
+        `self.diverged` (or Trainer's DivergenceCallback, `self.divergence`) says so."""
+        raise NotImplementedError
+
+    def save_final_model(self, final_dir: Path) -> None:
+        """Save the trained model whole into `final_dir` (Trainer's loop)."""
+
+    def measure(self, evaluate: bool) -> LoopResult:
+        """The steps, losses and checks only the loop knows; the validation loss if `evaluate`."""
+        raise NotImplementedError
+
+    def close(self, shared: bool) -> None:
+        """After the run however it ended; `shared`: the ending is every process's (done, bad
+        input, diverged), not one process's error."""
+
+    # --- The run's life -------------------------------------------------------------------
+
+    def run(self) -> int:
+        """The whole run; its exit code."""
+        # Before the folder lock: processes that did not join would each take it as rank 0.
+        check_processes_joined(self.training_args)
+        try:
+            self.check_launch()
+            with (
+                library_progress_bars(enabled=not self.training_args.disable_tqdm),
+                self.stop_on_signal.caught() if self.trainer_loop else nullcontext(),
+                hold_run_folder(self.output_dir, self.training_args),
+            ):
+                return self.plan_and_train()
+        except StopRequested as stop:
+            logger.warning(
+                "stopped by %s before training started; nothing was kept", stop.received.name
+            )
+            return 128 + int(stop.received)
+        finally:
+            error = sys.exc_info()[1]
+            self.close(error is None or isinstance(error, InputError | RunFailed))
+
+    def plan_and_train(self) -> int:
+        """In the held folder: plan, model, loop, training, final model, measurement, summary."""
+        args, training_args, budget = self.args, self.training_args, self.budget
+        is_main = training_args.process_index == 0
+        budget.lap(TIME_LOOP_SETUP)
+        self.plan = plan = plan_run(
+            args,
+            self.batch_blocks,
+            (self.check_model,),
+            resumable=self.trainer_loop,
+            model_parallel_loop=not self.trainer_loop,
+        )
+        budget.lap(TIME_DATA)
+        if plan.finished is not None:
+            return self.nothing_to_resume(plan.finished, is_main)
+        # Random weights drawn from --seed: the initial weights are part of the experiment, and
+        # both loops start from the same ones.
+        set_seed(training_args.seed)
+        model = build_model(plan.model_config)
+        if args.model.loss_implementation == "chunked":
+            use_chunked_loss(model)
+        self.describe(model)
+        budget.lap(TIME_MODEL)
+        if training_args.torch_compile:
+            compile_cache = args.model.compile_cache_dir
+            use_compile_cache(
+                Path(compile_cache or Path(args.data.cache_dir) / "compile"),
+                explicit=bool(compile_cache),
+            )
+        apply_library_fixes()
+        self.clock = LoopClock(
+            plan, training_args.device, self.output_dir / NVIDIA_SMI_FILE, budget
+        )
+        self.manifests = CheckpointManifestCallback(plan.run_identity)
+        with trainer_creation_environment(self.tensorboard_dir, args.model.compile_regions):
+            plan.strategy, plan.accelerator_state = self.build(model)
+        if is_main:
+            plan.copy_document_split(self.output_dir)
+        # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
+        saves = failures_in_one_line(self.output_dir, 12 * plan.num_parameters, is_main)
+        with compiled_once(), saves if self.trainer_loop else nullcontext():
+            self.train()
+            budget.lap(TIME_OTHER)  # the loop's own work after its last step
+            stop = self.stop_on_signal
+            if stop.stopped_at_step is not None:
+                logger.warning(
+                    "stopped by %s at step %d of %d after saving a checkpoint; continue with "
+                    "--resume_from_checkpoint auto",
+                    stop.received.name,
+                    stop.stopped_at_step,
+                    plan.schedule.max_steps,
+                )
+                return 128 + int(stop.received)
+            finite = self.divergence.diverged_at_step is None
+            if finite and self.trainer_loop:
+                self.save_final_model(self.output_dir / FINAL_MODEL_DIR)
+                budget.lap(TIME_FINAL_SAVE)
+            result = self.measure(evaluate=finite)
+            if finite:
+                budget.lap(TIME_FINAL_EVAL)
+            self.finish(run_summary(plan, self.completed(result)), is_main)
+        return 0
+
+    def describe(self, model: GPT2LMHeadModel) -> None:
+        """The plan completed with the model, as the summary records it: every option, the
+        model's size and FLOPs, the job's peak FLOP/s, the settings that decide a step's speed
+        (under the names the ablation table uses)."""
+        plan, args, training_args = self.plan, self.args, self.training_args
+        plan.config = {
+            **args.to_dict(*self.options),
             "model_config": model.config.to_dict(),
-            "precision_source": precision.source,
-        },
-        final_loss_window=args.report.final_loss_window,
-        loss_threshold=args.report.loss_threshold,
-        schedule=plan.schedule,
-        data=plan.data,
-        num_parameters=count_parameters(model),
-        flops_per_token=flops_per_token(model, args.data.block_size),
-        peak_flops_per_second=job_peak_flops_per_second(
+            "precision_source": plan.precision.source,
+        }
+        plan.num_parameters = count_parameters(model)
+        plan.flops_per_token = flops_per_token(model, args.data.block_size)
+        plan.peak_flops_per_second = job_peak_flops_per_second(
             args.report.peak_tflops, training_args.device, training_args.world_size
-        ),
-        strategy=strategy,
-        accelerator_state=accelerator_state,
-        speed_settings=speed_settings(
-            args.model, training_args, precision.name, precision.tf32, model.config
-        ),
-        token_budget=args.data.max_train_tokens,
-        run_identity=plan.identity,
-        skipped_checkpoints=plan.skipped_checkpoints,
-    )
+        )
+        plan.speed_settings = {
+            "precision": plan.precision.name,
+            "tf32": plan.precision.tf32,
+            "compile": training_args.torch_compile,
+            "compile_regions": training_args.torch_compile and args.model.compile_regions,
+            "attn_implementation": model.config._attn_implementation,
+            "fused_adamw": training_args.optim == "adamw_torch_fused",
+            "loss_implementation": args.model.loss_implementation,
+            "batch": training_args.per_device_train_batch_size,
+            "grad_accum": training_args.gradient_accumulation_steps,
+            "dataloader_num_workers": training_args.dataloader_num_workers,
+        }
 
+    def diverged(self, step: int, readings: dict[str, float | None]) -> bool:
+        """Whether one of `readings` at `step` is NaN or infinite; the run is then recorded as
+        diverged there (a loop of our own: Trainer's has DivergenceCallback)."""
+        reading = divergence(readings)
+        if reading is not None:
+            logger.error("training diverged at step %d (%s): stopping", step, reading)
+            self.divergence.diverged_at_step, self.divergence.reading = step, reading
+        return reading is not None
 
-def finish_run(summary: dict[str, Any], output_dir: Path, is_main: bool) -> None:
-    """Write run_summary.json and print its headline (main process); then fail a run that
-    diverged in one line, after its summary records it."""
-    if is_main:
-        write_json_atomic(output_dir / GPT_SUMMARY_FILE, summary)
-        print(f"{headline(summary)}; run folder {output_dir}")
-    if summary["verdict"] == "diverged":
-        raise RunFailed(
-            f"training diverged at step {summary['diverged_at_step']} "
-            f"({summary['divergence']}) and stopped; {output_dir}/{GPT_SUMMARY_FILE} records the "
-            "run as diverged, with no final/ model; lower --learning_rate or lengthen "
-            "--warmup_steps, and start a new run"
+    def completed(self, result: LoopResult) -> LoopResult:
+        """The loop's result with what the shell measured: the clock's, the divergence, saves."""
+        clock = self.clock
+        return replace(
+            result,
+            start_step=self.plan.resumed_from_step,
+            loop_seconds=clock.loop_seconds,
+            first_step_seconds=clock.first_step_seconds,
+            ranks=clock.ranks,
+            diverged_at_step=self.divergence.diverged_at_step,
+            divergence=self.divergence.reading,
+            budget=self.budget,
+            checkpoint_saves=self.manifests.saves,
         )
 
+    def finish(self, summary: dict[str, Any], is_main: bool) -> None:
+        """Write run_summary.json and print its headline (main process); then fail a run that
+        diverged in one line, after its summary records it."""
+        if is_main:
+            write_json_atomic(self.output_dir / GPT_SUMMARY_FILE, summary)
+            print(f"{headline(summary)}; run folder {self.output_dir}")
+        if summary["verdict"] == "diverged":
+            raise RunFailed(
+                f"training diverged at step {summary['diverged_at_step']} "
+                f"({summary['divergence']}) and stopped; {self.output_dir}/{GPT_SUMMARY_FILE} "
+                "records the run as diverged, with no final/ model; lower --learning_rate or "
+                "lengthen --warmup_steps, and start a new run"
+            )
 
-def nothing_to_resume(finished: dict[str, Any], output_dir: Path, is_main: bool) -> int:
-    """Resuming a run that already finished: 0 when it passed or failed, RunFailed (exit 3)
-    again when it diverged; its folder is left as it is."""
-    if finished["verdict"] == "diverged":
-        raise RunFailed(
-            f"the run in {output_dir} diverged at step {finished.get('diverged_at_step')} and "
-            "cannot be resumed; start a new run in another --output_dir"
-        )
-    if is_main:
-        print(f"run folder {output_dir} holds a finished run ({headline(finished)}); nothing to do")
-    return 0
+    def nothing_to_resume(self, finished: dict[str, Any], is_main: bool) -> int:
+        """Resuming a run that already finished: 0 when it passed or failed, RunFailed (exit 3)
+        again when it diverged; its folder is left as it is."""
+        if finished["verdict"] == "diverged":
+            raise RunFailed(
+                f"the run in {self.output_dir} diverged at step "
+                f"{finished.get('diverged_at_step')} and cannot be resumed; start a new run in "
+                "another --output_dir"
+            )
+        if is_main:
+            print(
+                f"run folder {self.output_dir} holds a finished run ({headline(finished)}); "
+                "nothing to do"
+            )
+        return 0
+
+
+def command(loop: type[RunShell]) -> Callable[..., int]:
+    """The `main(argv)` of a loop's script: the run's exit code, bad input and a failed run in
+    one line (`common.cli.entry_point`)."""
+    return entry_point(lambda argv=None: loop(argv).run())

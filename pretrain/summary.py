@@ -1,9 +1,9 @@
 """`run_summary.json`: what a pretraining run achieved, how fast, on what, with which settings.
 
-Both training loops write it through `run_summary()`: Trainer's (pretrain/run.py) and the
-tensor / pipeline-parallel loop (pretrain/run_model_parallel.py). Each hands over two plain
-records, `RunSetup` (decided before the first step) and `LoopResult` (measured by the loop);
-every key of the file, and where its value comes from, is in `run_summary()`. Its version and
+Both training loops write it through `run_summary()`, called by the run's shell
+(pretrain/shell.py) from two plain records: `RunPlan` (pretrain/plan.py: decided before the first
+step) and `LoopResult` (measured by the loop); every key of the file, and where its value comes
+from, is in `run_summary()`. Its version and
 the keys the report relies on are in `common.run_contract`.
 """
 
@@ -17,52 +17,28 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from transformers import GPT2Config, Trainer, TrainingArguments
 
-from common.run_contract import GPT_SUMMARY_VERSION
+from common.run_contract import GPT_SUMMARY_VERSION, TIME_SUMMARY
 from common.system import hardware_description, library_versions
-from pretrain.args import ModelArguments
-from pretrain.batches import BlockSchedule
 from pretrain.metrics import TimeBudget, model_flops_utilization
-from pretrain.parallel.strategy import Strategy
-
-
-@dataclass(frozen=True)
-class RunSetup:
-    """What was decided before the first step: options, data, steps, model, parallelism."""
-
-    config: dict[str, Any]  # every resolved option by dataclass name, and the model config
-    final_loss_window: int
-    loss_threshold: float
-    schedule: BlockSchedule
-    data: dict[str, Any]  # the packed-block cache folder and its stats.json
-    num_parameters: int
-    flops_per_token: float  # pretrain.metrics.flops_per_token
-    peak_flops_per_second: float | None  # the whole job's: one device's peak x devices
-    strategy: Strategy
-    accelerator_state: str
-    speed_settings: dict[str, Any]
-    # What a checkpoint of this run records (Trainer's loop): a finished run is compared with it.
-    run_identity: dict[str, Any] | None = None
-    # Checkpoints that resuming skipped: each one's name, why, and where it was moved.
-    skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)
-    token_budget: int | None = None  # --max_train_tokens as asked (the run may round it up)
+from pretrain.plan import RunPlan
 
 
 @dataclass(frozen=True)
 class LoopResult:
-    """What the training loop measured; after a resume, timings cover this session only."""
+    """What the training loop measured; after a resume, timings cover this session only. A
+    loop's `measure` gives the first five; the run's shell (pretrain/shell.py) the rest."""
 
-    start_step: int  # 0, or the step of the checkpoint this session resumed from
     global_step: int
     logged_losses: list[float]  # training loss of each logging window, the whole run's
     eval_loss: float | None
-    loop_seconds: float | None  # this session's loop, first step included
-    first_step_seconds: float | None  # carries torch.compile's work and the device's warm-up
-    ranks: list[dict[str, Any]]  # pretrain.metrics.rank_footprint records, in rank order
     replica_checksums: list[str] | None  # one per process; None when parameters are sharded
     # What a strategy verifies about itself (the pipeline: its two copies of the tied weight).
     checks: dict[str, float] = field(default_factory=dict)
+    start_step: int = 0  # 0, or the step of the checkpoint this session resumed from
+    loop_seconds: float | None = None  # this session's loop, first step included
+    first_step_seconds: float | None = None  # carries torch.compile's work and the warm-up
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # metrics.rank_footprint's
     # The step at which the loss, the gradient or the weights became NaN or infinite, and what
     # was seen there ("loss nan"); None for a run that stayed finite.
     diverged_at_step: int | None = None
@@ -72,10 +48,10 @@ class LoopResult:
     checkpoint_saves: list[dict[str, float]] = field(default_factory=list)
 
 
-def run_summary(setup: RunSetup, result: LoopResult) -> dict[str, Any]:
+def run_summary(setup: RunPlan, result: LoopResult) -> dict[str, Any]:
     """The content of run_summary.json."""
     budget = result.budget
-    budget.lap("summary")
+    budget.lap(TIME_SUMMARY)
     wall_seconds = time.time() - budget.launched_at
     schedule = setup.schedule
     session_tokens = schedule.tokens_seen(result.global_step) - schedule.tokens_seen(
@@ -223,28 +199,6 @@ def tokens_per_byte(validation: dict[str, Any]) -> float:
     return validation["num_evaluated_tokens"] / validation["num_evaluated_bytes"]
 
 
-def speed_settings(
-    model_args: ModelArguments,
-    training_args: TrainingArguments,
-    precision: str,
-    tf32: bool,
-    model_config: GPT2Config,
-) -> dict[str, Any]:
-    """The settings that decide how fast a step runs, under the names the ablation table uses."""
-    return {
-        "precision": precision,
-        "tf32": tf32,
-        "compile": training_args.torch_compile,
-        "compile_regions": training_args.torch_compile and model_args.compile_regions,
-        "attn_implementation": model_config._attn_implementation,
-        "fused_adamw": training_args.optim == "adamw_torch_fused",
-        "loss_implementation": model_args.loss_implementation,
-        "batch": training_args.per_device_train_batch_size,
-        "grad_accum": training_args.gradient_accumulation_steps,
-        "dataloader_num_workers": training_args.dataloader_num_workers,
-    }
-
-
 def parameter_checksum(model: torch.nn.Module) -> str:
     """SHA-256 of every parameter's bytes: equal on all ranks iff the replicas are in sync."""
     digest = hashlib.sha256()
@@ -254,9 +208,7 @@ def parameter_checksum(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def replica_checksums(trainer: Trainer) -> list[str] | None:
-    """One parameter checksum per process (None when the parameters are sharded)."""
-    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
-        return None
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    return gather_object([parameter_checksum(model)])
+def replica_checksums(model: torch.nn.Module, sharded: bool) -> list[str] | None:
+    """Every process's parameter checksum, on every process; None when the parameters are
+    `sharded` (they differ between processes by design: no replicas to compare)."""
+    return None if sharded else gather_object([parameter_checksum(model)])

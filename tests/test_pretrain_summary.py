@@ -11,13 +11,19 @@ import pytest
 
 from common.files import write_json_atomic
 from common.run_contract import GPT_REQUIRED_KEYS, GPT_SUMMARY_VERSION, GPT_TIME_BUDGET_PARTS
+from pretrain.args import PrecisionChoice
 from pretrain.batches import BlockSchedule
 from pretrain.metrics import TimeBudget
 from pretrain.parallel.strategy import Strategy
-from pretrain.summary import LoopResult, RunSetup, final_training_loss, headline, run_summary
+from pretrain.plan import RunPlan
+from pretrain.summary import LoopResult, final_training_loss, headline, run_summary
 
 VALIDATION = {"num_evaluated_tokens": 250, "num_evaluated_bytes": 1000}
-SETUP = RunSetup(
+SETUP = RunPlan(
+    tokenizer=None,  # the summary reads none of the plan's inputs
+    model_config=None,
+    blocks=None,
+    precision=PrecisionChoice("no", "automatic (cpu: fp32)", tf32=False),
     config={"ModelArguments": {"model_preset": "tiny"}},
     final_loss_window=3,
     loss_threshold=7.0,
