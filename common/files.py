@@ -129,7 +129,10 @@ def damage_in(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None:
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
     """The manifest that seals a folder (a checkpoint, a run's final model), or None when it
-    has none or it is unreadable (a save cut short)."""
+    has none or it is unreadable (a save cut short). The one rule for a complete save: the
+    manifest is written last, so a folder with one that reads is complete (launch-pretraining's
+    newest checkpoint, the unfinished saves a failed run removes); resuming also checks its
+    files against it (pretrain/checkpoints.py's `checkpoint_damage`)."""
     try:
         return json.loads((folder / CHECKPOINT_MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):

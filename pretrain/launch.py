@@ -26,9 +26,11 @@ import psutil
 from accelerate.commands.launch import launch_command, launch_command_parser
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from transformers.trainer_utils import sort_checkpoints
 
 from common import cli
-from common.run_contract import CHECKPOINT_MANIFEST_FILE, STOP_GRACE_VARIABLE, STOP_SIGNALS
+from common.files import read_manifest
+from common.run_contract import STOP_GRACE_VARIABLE, STOP_SIGNALS
 
 ERRORS_LOG = "process_errors.log"  # in the run folder: what follows from our error line
 # A process's error line, and its traceback once in a process group (torch puts the rank first).
@@ -48,14 +50,12 @@ def run_folder(script_args: list[str]) -> Path | None:
 
 
 def newest_complete_checkpoint(run_dir: Path | None) -> Path | None:
-    """The `checkpoint-<step>/` with the highest step that holds its manifest (written last)."""
-    manifests = run_dir.glob(f"checkpoint-*/{CHECKPOINT_MANIFEST_FILE}") if run_dir else []
-    by_step = {
-        int(step[1]): path.parent
-        for path in manifests
-        if (step := re.fullmatch(r"checkpoint-(\d+)", path.parent.name))  # not checkpoint-8-old
-    }
-    return by_step[max(by_step)] if by_step else None
+    """The newest `checkpoint-<step>/` (Trainer's order, `sort_checkpoints`) that is complete:
+    its manifest, written last, reads (`read_manifest`, the rule resuming applies too)."""
+    if run_dir is None:
+        return None
+    newest_first = (Path(path) for path in reversed(sort_checkpoints(str(run_dir))))
+    return next((path for path in newest_first if read_manifest(path) is not None), None)
 
 
 class StopSignals:

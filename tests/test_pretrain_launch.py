@@ -181,12 +181,12 @@ def test_run_folder_is_the_output_dir_flag_else_the_config_files():
 
 
 def test_the_newest_complete_checkpoint_is_the_highest_sealed_step(tmp_path):
-    folders = {"checkpoint-8": True, "checkpoint-12": False, "checkpoint-8-old": True}
+    folders = {"checkpoint-8": True, "checkpoint-12": False, "damaged-checkpoint-16": True}
     for name, sealed in folders.items():
         (tmp_path / name).mkdir()
         if sealed:
             (tmp_path / name / CHECKPOINT_MANIFEST_FILE).write_text("{}")
-    # checkpoint-12 has no manifest yet; a renamed copy is not a checkpoint folder.
+    # checkpoint-12 has no manifest yet; a checkpoint moved aside is not a checkpoint folder.
     assert newest_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-8"
     assert newest_complete_checkpoint(None) is None
 
