@@ -53,6 +53,7 @@ from common.run_contract import (
     PARALLELISM_COMPARISON_VERSION,
 )
 from common.system import hardware_description, library_versions
+from pretrain.metrics import Span, tokens_per_second
 from pretrain.run import parse_pretrain_args
 from report.tables import markdown_table
 
@@ -301,8 +302,13 @@ def read_summary(row: ComparisonRow, spec: StrategySpec, summary: dict[str, Any]
     )
     row.peak_memory_bytes = max_over_ranks(ranks, "peak_memory_bytes")
     row.peak_memory_source = ranks[0]["peak_memory_source"]
-    if row.step_seconds is not None:
-        row.tokens_per_second = row.global_batch_tokens / row.step_seconds
+    steps = summary.get("global_step", 0) - summary.get("resumed_from_step", 0)
+    row.tokens_per_second = tokens_per_second(
+        Span.AFTER_FIRST_STEP,
+        steps * row.global_batch_tokens,
+        summary.get("train_loop_seconds"),
+        first_step=(row.global_batch_tokens, summary.get("first_step_seconds")),
+    )
 
 
 def run_strategy(

@@ -20,7 +20,7 @@ from accelerate.utils import gather_object
 
 from common.run_contract import GPT_SUMMARY_VERSION, TIME_SUMMARY
 from common.system import hardware_description, library_versions
-from pretrain.metrics import TimeBudget, model_flops_utilization
+from pretrain.metrics import Span, TimeBudget, model_flops_utilization, tokens_per_second
 from pretrain.plan import RunPlan
 
 
@@ -57,9 +57,7 @@ def run_summary(setup: RunPlan, result: LoopResult) -> dict[str, Any]:
     session_tokens = schedule.tokens_seen(result.global_step) - schedule.tokens_seen(
         result.start_step
     )
-    tokens_per_second = (
-        session_tokens / result.loop_seconds if result.loop_seconds and session_tokens else None
-    )
+    speed = tokens_per_second(Span.WHOLE_LOOP, session_tokens, result.loop_seconds)
     diverged = result.diverged_at_step is not None
     final_loss, window = final_training_loss(result.logged_losses, setup.final_loss_window)
     if diverged:
@@ -80,10 +78,8 @@ def run_summary(setup: RunPlan, result: LoopResult) -> dict[str, Any]:
         "compile": budget.compile_counts() if setup.speed_settings.get("compile") else None,
         "train_loop_seconds": result.loop_seconds,
         "first_step_seconds": result.first_step_seconds,
-        "tokens_per_second": tokens_per_second,
-        "mfu": model_flops_utilization(
-            tokens_per_second, setup.flops_per_token, setup.peak_flops_per_second
-        ),
+        "tokens_per_second": speed,
+        "mfu": model_flops_utilization(speed, setup.flops_per_token, setup.peak_flops_per_second),
         "peak_memory_gib": peak_memory["peak_memory_bytes"] / 2**30,  # the fullest process
         "peak_memory_source": peak_memory["peak_memory_source"],
         # Where the whole run ended, and the verdict.
