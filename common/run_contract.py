@@ -23,7 +23,7 @@ from common.cli import InputError
 logger = logging.getLogger(__name__)
 
 # File and folder names inside a run folder.
-GPT_SUMMARY_FILE = "run_summary.json"  # written last by pretrain/run.py: the run finished
+GPT_SUMMARY_FILE = "run_summary.json"  # written last by both GPT loops: the run finished
 MNIST_METRICS_FILE = "metrics.json"  # written last by both LeNet-5 trainers
 FINAL_MODEL_DIR = "final"  # model + tokenizer, loadable with AutoModelForCausalLM
 # Written last into every checkpoint-<step>/ (pretrain/checkpoints.py): each file's size and

@@ -3,10 +3,12 @@
 The accelerate config (passed on by `accelerate launch` as environment variables) or Trainer's
 own `--fsdp` / `--deepspeed` options ask for a strategy: DeepSpeed ZeRO, FSDP, data parallel
 over several processes, or one process. accelerate may set up another one without a word
-(accelerate 1.15 drops FSDP and DeepSpeed on CPU processes, see `pretrain/library_fixes.py`),
-and some strategies need hardware the processes do not have (FSDP1 needs GPUs). Such a run
-stops with one line: `check_request_fits_device` before accelerate is set up, `check_strategy`
-right after, before the first step.
+(accelerate 1.15 would drop FSDP and DeepSpeed on CPU processes: pretrain/library_fixes.py
+mends it, on that version only), and some strategies need hardware the processes do not have
+(FSDP1 needs GPUs). Such a run stops with one line: `check_request_fits_device` before
+accelerate is set up, `check_strategy` right after, before the first step. The TP/PP loop's
+launch is checked by `check_model_parallel_launch`; `local_tensor` is a sharded tensor's part
+on this process.
 """
 
 from __future__ import annotations
