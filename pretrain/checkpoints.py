@@ -15,13 +15,14 @@ a run: a diverged loss, a signal to save and stop.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -372,6 +373,15 @@ class StopRequested(BaseException):
         self.received = received
 
 
+def leave_stops_to_trainer(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
+    """A DataLoader worker leaves SIGTERM and SIGUSR1 sent to its process group (scancel) to the
+    trainer: torch's handler would kill it on SIGTERM, and SIGUSR1 run the trainer's in it."""
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, signal.SIG_IGN)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+
+
 class CheckpointOnSignalCallback(TrainerCallback):
     """SIGTERM and SIGUSR1 (Slurm's warning before the time limit, `scancel`, preemption) for
     the whole run, while `caught()` lasts: before the training loop they stop the run at once
@@ -411,6 +421,9 @@ class CheckpointOnSignalCallback(TrainerCallback):
 
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         self._loop = "running"
+        # The workers start later, with the loop's first batch; accelerate's loader wraps torch's.
+        loader = getattr(kwargs["train_dataloader"], "base_dataloader", kwargs["train_dataloader"])
+        loader.worker_init_fn = functools.partial(leave_stops_to_trainer, loader.worker_init_fn)
 
     def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

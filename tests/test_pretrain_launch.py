@@ -43,16 +43,20 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
     return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
 
 
-def launch(data_paths: dict, run_dir: Path, num_processes: int, **env: str) -> subprocess.Popen:
-    """The launcher on a tiny run long enough to be stopped, in a process group of its own."""
+def launch(
+    data_paths: dict, run_dir: Path, num_processes: int, *flags: str, python=False, **env: str
+) -> subprocess.Popen:
+    """The launcher (or plain `python`) on a tiny run long enough to be stopped, in a process
+    group of its own; `flags` for pretrain/run.py."""
     config = CPU_DDP_CONFIG if num_processes > 1 else CPU_CONFIG
     argv = tiny_run_argv(**data_paths, output_dir=run_dir, num_blocks=NUM_BLOCKS)
-    command = [
-        *LAUNCHER, "--config_file", str(config), "--num_processes", str(num_processes),
+    script = [
         str(RUN_SCRIPT), *argv, "--per_device_train_batch_size", str(4 // num_processes),
         # Every step a boundary at which the processes agree to stop.
-        "--logging_steps", "1", "--save_steps", str(SAVE_STEPS),
+        "--logging_steps", "1", "--save_steps", str(SAVE_STEPS), *flags,
     ]  # fmt: skip
+    launcher = [*LAUNCHER, "--config_file", str(config), "--num_processes", str(num_processes)]
+    command = [sys.executable, *script] if python else [*launcher, *script]
     return subprocess.Popen(
         command,
         env={**subprocess_env(), **env},
@@ -109,6 +113,32 @@ def test_stop_signal_saves_a_checkpoint_and_exits_128_plus_signal(
     assert step > step_before  # saved on the signal, after the one the test saw
     assert f"stopped by {stop_signal.name} at step {step} of " in stderr
     assert "Traceback" not in stderr and not error_lines(stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("stop_signal", "python"),
+    [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGUSR1, False)],
+    ids=["sigterm-launcher", "sigterm-python", "sigusr1-launcher"],
+)
+def test_a_stop_signal_to_the_group_leaves_the_dataloader_workers_running(
+    data_paths, tmp_path, stop_signal, python
+):
+    """scancel signals every process of the job step, DataLoader workers included: the run
+    still saves and ends with 128 + signal, without a worker's death in the terminal."""
+    run_dir = tmp_path / "run"
+    launcher = launch(data_paths, run_dir, 1, "--dataloader_num_workers", "2", python=python)
+    step_before = wait_for_training(launcher, run_dir)
+    workers = psutil.Process(launcher.pid).children(recursive=True)
+    assert sum("pt_data_worker" in worker.name() for worker in workers) == 2, workers
+    os.killpg(launcher.pid, stop_signal)
+    _, stderr = launcher.communicate(timeout=600)
+
+    assert launcher.returncode == 128 + stop_signal, stderr[-3000:]
+    assert checkpoint_global_step(newest_whole_checkpoint(run_dir)) > step_before
+    assert "Traceback" not in stderr and not error_lines(stderr), stderr[-3000:]
+    assert stderr.count(f"received {stop_signal.name}") == 1  # the trainer's, not the workers'
 
 
 @pytest.mark.slow
