@@ -193,6 +193,11 @@ class PretrainTrainingArguments(TrainingArguments):
         help="Round --max_train_tokens up to whole global batches: every step has one "
         "shape, compiled once (12M -> 184 x 65,536 tokens); false: the last step smaller.",
     )
+    require_gpu: bool = HfArg(
+        default=False,
+        help="Refuse to start without a usable CUDA GPU, in one line saying why, instead of "
+        "training on the CPU; --use_cpu true still trains on the CPU.",
+    )
     report_to: None | str | list[str] = HfArg(
         default="tensorboard",
         help="Where Trainer logs: TensorBoard always (the report reads it), and these.",

@@ -31,6 +31,7 @@ from transformers.trainer_utils import sort_checkpoints
 from common import cli
 from common.files import read_manifest
 from common.run_contract import STOP_GRACE_VARIABLE, STOP_SIGNALS
+from pretrain.device import mark_gpu_required
 
 ERRORS_LOG = "process_errors.log"  # in the run folder: what follows from our error line
 # A process's error line, and its traceback once in a process group (torch puts the rank first).
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args = launch_command_parser().parse_args(argv)
     args.quiet = False  # with it, accelerate ends with exit code 1 instead of the process's
     run_dir = run_folder(args.training_script_args)
+    mark_gpu_required(args)
     grace = os.environ.setdefault(STOP_GRACE_VARIABLE, "60")
     if not re.fullmatch(r"\d+(\.\d*)?", grace):
         raise cli.InputError(f"{STOP_GRACE_VARIABLE}={grace!r} is not a number of seconds")

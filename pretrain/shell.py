@@ -48,6 +48,7 @@ from pretrain.checkpoints import (
     StopRequested,
     divergence,
 )
+from pretrain.device import check_gpu_when_required
 from pretrain.library_fixes import (
     apply_library_fixes,
     compiled_once,
@@ -83,6 +84,7 @@ class RunShell:
         quiet_cpu_notices()
         *self.options, self.args = self.parse(argv)
         self.training_args = self.args.training
+        check_gpu_when_required(self.training_args.use_cpu, self.training_args.require_gpu)
         self.output_dir = Path(self.training_args.output_dir)
         self.tensorboard_dir = self.output_dir / TENSORBOARD_DIR
         self.divergence = DivergenceCallback()  # Trainer's callback; a record for other loops
