@@ -215,6 +215,32 @@ def single_node_run(cluster: LocalCluster, pretrain_flags, tmp_path_factory) -> 
     return run_dir
 
 
+def test_pretrain_on_a_node_without_gpu_stops_in_one_line_unless_the_cpu_is_asked_for(
+    cluster: LocalCluster, pretrain_flags, tmp_path: Path
+) -> None:
+    """The course config on a node whose GPU torch cannot use: check-gpu's line, exit 2 (final:
+    no requeue), nothing trained; the same job with USE_CPU=true starts on the CPU."""
+    run_dir, log = tmp_path / "run", tmp_path / "run.out"
+    script = str(SLURM_SCRIPTS / "pretrain_single_gpu.sbatch")
+    env = {**pretrain_env(run_dir), "CONFIG": str(TINY_CONFIG.with_name("gpt2_117m.yaml"))}
+    submitted = cluster.run(
+        ["sbatch", "--wait", f"--output={log}", script, *pretrain_flags], timeout=240, **env
+    )
+    job_log = log.read_text()
+    assert submitted.returncode == 2, job_log
+    (error,) = [line for line in job_log.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: no usable GPU: ") and "USE_CPU=true" in job_log
+    assert not run_dir.exists() and "restart 1" not in job_log
+
+    # Two steps of the tiny model under the course config, on the CPU.
+    tiny = ["--model_preset", "tiny", "--torch_compile", "false", "--max_steps", "2"]
+    job_log = submit_and_wait(
+        cluster, Path(script), log, *pretrain_flags, *tiny, USE_CPU="true", **env
+    )
+    assert "training on the CPU, as asked (fp32)" in job_log
+    assert read_summary(run_dir)["global_step"] == 2
+
+
 def test_pretrain_one_node_writes_summary_and_loss_falls(single_node_run: Path) -> None:
     summary = read_summary(single_node_run)
     assert summary["num_processes"] == 1

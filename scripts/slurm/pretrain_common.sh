@@ -1,11 +1,13 @@
 # shellcheck shell=bash
-# Shared by the pretrain_*.sbatch scripts (sourced, not run): paths, GPU detection, precision,
+# Shared by the pretrain_*.sbatch scripts (sourced, not run): paths, the GPU check, precision,
 # and the checkpoint-and-requeue handshake before the time limit.
 #
 # Variables (with defaults):
 #   PYTHON=.venv/bin/python        interpreter with the project installed (python3 if no .venv)
 #   CONFIG=pretrain/configs/gpt2_117m.yaml   Trainer YAML (model, data, optimisation)
 #   OUTPUT_DIR=runs/gpt2_117m-<job id>       run folder; a requeued job keeps its id and resumes
+#   USE_CPU=false                  true: train on the node's CPU (fp32) whether it has a GPU or
+#                                  not; a CONFIG with use_cpu: true (tiny.yaml) does the same
 #   MIXED_PRECISION=no             bf16 | fp16 | no; "no" lets pretrain/run.py choose from the
 #                                  GPU (bf16 on Ampere and newer, fp16 before, fp32 on CPU)
 #   GLOBAL_BATCH=<from CONFIG>     blocks per optimizer step over all processes; by default
@@ -26,25 +28,35 @@ fi
 CONFIG="${CONFIG:-pretrain/configs/gpt2_117m.yaml}"
 OUTPUT_DIR="${OUTPUT_DIR:-runs/gpt2_117m-${SLURM_JOB_ID:-local}}"
 MIXED_PRECISION="${MIXED_PRECISION:-no}"
+# The value of option $1 in CONFIG, else $2.
+config_value() {
+    "$PYTHON" -c 'import sys, yaml
+print((yaml.safe_load(open(sys.argv[1])) or {}).get(sys.argv[2], sys.argv[3]))' "$CONFIG" "$1" "$2"
+}
 # The recipe's global batch, read from the config (TrainingArguments' defaults: 8 x 1).
 config_global_batch() {
-    "$PYTHON" -c 'import sys, yaml
-config = yaml.safe_load(open(sys.argv[1])) or {}
-print(config.get("per_device_train_batch_size", 8) * config.get("gradient_accumulation_steps", 1))' "$CONFIG"
+    echo $(($(config_value per_device_train_batch_size 8) * $(config_value gradient_accumulation_steps 1)))
 }
 # srun does not inherit --cpus-per-task since Slurm 22.05.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 
-# GPUs this job may use on this node: none when nvidia-smi is missing or fails (the CPU
-# fallback), else those Slurm granted (CUDA_VISIBLE_DEVICES) or all that nvidia-smi lists.
-gpus_on_node() {
-    if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-        echo 0
-    elif [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
-        tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .
-    else
-        nvidia-smi -L | grep -c '^GPU'
+# ON_CPU=true (fp32) when asked for: USE_CPU=true, or CONFIG's use_cpu: true. Else the pre-flight
+# check (check-gpu on pretrain/run.py's flags: GPU, batch that fits, predicted loop seconds)
+# stops a job on a node without a usable GPU, in one line (exit code 2).
+choose_device() {
+    ON_CPU=false
+    if [[ "${USE_CPU:-false}" == true || "$(config_value use_cpu False)" == True ]]; then
+        echo "training on the CPU, as asked (fp32)"
+        ON_CPU=true MIXED_PRECISION=no
+    elif ! "$PYTHON" -m pretrain.check_gpu --config "$CONFIG" "$@"; then
+        echo "to train on this node's CPU instead: USE_CPU=true sbatch ..."
+        exit 2
     fi
+}
+
+# The GPUs this job's processes can use, as torch counts them (those Slurm granted).
+gpus_on_node() {
+    "$PYTHON" -c 'import torch; print(torch.cuda.device_count())'
 }
 
 # Per-process batch for GLOBAL_BATCH blocks over $1 processes (no gradient accumulation).
