@@ -4,14 +4,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# `make install VENV_OPTIONS=--system-site-packages`: the venv sees the machine's own packages,
+# and keeps its torch (and transformers...) when requirements.txt's ranges accept them.
+VENV_OPTIONS ?=
+# The fast tier against the lowest supported versions (requirements-lowest.txt), its own venv.
+LOWEST_VENV ?= .venv-lowest
 # Where the demo writes its runs and report.
 DEMO_DIR ?= runs/demo
 
-.PHONY: install demo test test-fast lint format notebook clean
+.PHONY: install demo test test-fast test-lowest lint format notebook clean
 
 $(INSTALLED): requirements.txt requirements-dev.txt requirements-deepspeed.txt pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip setuptools
+	test -x $(PY) || $(PYTHON) -m venv $(VENV_OPTIONS) $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77.0.3,<82"  # what every torch in range takes
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
 	$(PY) -m pip install --quiet --no-build-isolation -r requirements-deepspeed.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
@@ -35,6 +40,18 @@ test: lint
 test-fast: lint
 	$(VENV)/bin/pytest -m "not slow and not multiprocess and not system"
 
+# The lowest versions go in first; the usual install then keeps them (its ranges accept them) and
+# adds the rest, as it keeps a cluster's torch: it fails if the install replaced one of them.
+test-lowest:
+	test -x $(LOWEST_VENV)/bin/python || $(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install --quiet -r requirements-lowest.txt
+	$(MAKE) install VENV=$(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -c "import sys; from importlib.metadata import version; \
+		pins = [line.strip().split('==') for line in open('requirements-lowest.txt') if '==' in line]; \
+		changed = [f'{name} {version(name)}' for name, pin in pins if version(name) != pin]; \
+		sys.exit(f'error: make install replaced the lowest versions: {changed}' if changed else 0)"
+	$(LOWEST_VENV)/bin/pytest -p no:cacheprovider -m "not slow and not multiprocess and not system"
+
 demo: install
 	$(BIN)/write-demo-corpus --output_dir $(DEMO_DIR)/corpus --overwrite
 	$(BIN)/train-tokenizer --corpus $(DEMO_DIR)/corpus --output_dir $(DEMO_DIR)/tokenizer \
@@ -56,4 +73,4 @@ notebook: install
 	UPDATE_NOTEBOOK=1 $(VENV)/bin/pytest -q tests/test_notebook.py::test_notebook_runs_on_embedded_digits
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(LOWEST_VENV) runs .pytest_cache .ruff_cache

@@ -85,7 +85,7 @@ FIXES = (
     LibraryFix(
         name="sharding plugins on CPU processes",
         library="accelerate",
-        versions=SpecifierSet("==1.15.*"),
+        versions=SpecifierSet(">=1.12,<1.16"),
         reason=(
             "AcceleratorState switches to FSDP or DeepSpeed only from GPU-class distributed "
             "types, so on gloo CPU processes it drops the plugin and trains as plain DDP"
