@@ -64,13 +64,13 @@ def test_a_faked_h200_is_described_and_fits_the_course_batch(monkeypatch, course
 def test_a_faked_24_gb_card_gets_a_batch_x_accumulation_that_keeps_the_global_batch(
     monkeypatch, course
 ):
-    fake_gpu(monkeypatch, "NVIDIA GeForce RTX 4090", 23.6, (8, 9))
+    hf_loss = course_run("--tokenizer_dir", "missing", "--loss_implementation", "hf")
+    fake_gpu(monkeypatch, "NVIDIA GeForce RTX 4090", 23.6, (8, 9))  # after parsing: no device
     memory = torch.cuda.get_device_properties(0).total_memory
     assert gpu_lines()[0].endswith("23.6 GiB, compute capability 8.9, bf16 yes, TF32 yes")
     # The chunked loss (the course's) never holds more than one chunk of logits: 32 blocks fit;
     # transformers' loss keeps every block's fp32 logits and their gradients: 16.
-    for flags, batch in [((), 32), (("--loss_implementation", "hf"), 16)]:
-        args, model = course_run("--tokenizer_dir", "missing", *flags)
+    for (args, model), batch in [(course, 32), (hf_loss, 16)]:
         line = memory_line(args, model, memory)
         gib = sum(memory_estimate(args, model, 64)) / 2**30
         assert line.startswith(f"memory at 64 x 1024 tokens: about {gib:.1f} GiB")
