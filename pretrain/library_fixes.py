@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import transformers
 from accelerate.state import AcceleratorState, PartialState
@@ -27,9 +26,6 @@ from accelerate.utils import DistributedType, patch_environment
 from packaging.specifiers import SpecifierSet
 
 from common.cli import RunFailed
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 

@@ -427,22 +427,14 @@ class ThroughputCallback(TrainerCallback):
 
 def clock_trainer(trainer: Trainer, clock: LoopClock, log_dir: Path, start_step: int) -> None:
     """Time `trainer`'s loop with `clock`, its scalars into Trainer's TensorBoard writer, which
-    continues the log of a resumed run (`continue_tensorboard_log`)."""
+    draws one continuous curve for a resumed run: the events an interrupted run wrote after its
+    last checkpoint (steps > `start_step`) would overlap the resumed run's, and the writer's
+    `purge_step` makes TensorBoard drop them."""
     callbacks = trainer.callback_handler.callbacks
     tensorboard = next((c for c in callbacks if isinstance(c, TensorBoardCallback)), None)
-    if tensorboard is not None and trainer.is_world_process_zero():
-        continue_tensorboard_log(tensorboard, log_dir, start_step)
     trainer.add_callback(ThroughputCallback(tensorboard, clock))
-
-
-def continue_tensorboard_log(callback: TensorBoardCallback, log_dir: Path, start_step: int) -> None:
-    """Open the event writer so that a resumed run draws one continuous curve.
-
-    Events an interrupted run wrote after its last checkpoint (steps > `start_step`) would
-    overlap the resumed run's; `purge_step` makes TensorBoard drop them.
-    """
     event_files = list(log_dir.glob("events.out.tfevents.*"))
-    if not event_files:
+    if tensorboard is None or not trainer.is_world_process_zero() or not event_files:
         return
     # TensorBoard reads a folder's event files in name order, and a name starts with the
     # second its writer was created: the new file must not share the last file's second, or
@@ -450,4 +442,4 @@ def continue_tensorboard_log(callback: TensorBoardCallback, log_dir: Path, start
     newest_second = max(int(path.name.split(".")[3]) for path in event_files)
     while time.time() < newest_second + 1:
         time.sleep(0.05)
-    callback.tb_writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1)
+    tensorboard.tb_writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1)

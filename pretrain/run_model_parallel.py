@@ -55,7 +55,6 @@ from transformers.hf_argparser import HfArg
 from common.run_contract import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, TRAIN_LOSS
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
-    GPT2Pipeline,
     build_gpt2_pipeline,
     check_pipeline_arguments,
 )
@@ -123,23 +122,6 @@ class WholeModel:
         return None
 
 
-def build_local_model(
-    strategy: str,
-    model: GPT2LMHeadModel,
-    device: torch.device,
-    parallel_args: ParallelArguments,
-) -> WholeModel | GPT2Pipeline:
-    """Split `model` (the same on every process) for `strategy`; keep this process's part."""
-    if strategy == "pp":
-        return build_gpt2_pipeline(
-            model, device, parallel_args.pipeline_schedule, parallel_args.num_microbatches
-        )
-    model.to(device)
-    if strategy == "tp":
-        parallelize_gpt2(model, init_device_mesh(device.type, (dist.get_world_size(),)))
-    return WholeModel(model)
-
-
 def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torch.optim.Optimizer:
     """The optimizer Trainer would build for `module`: --optim with its settings, weight decay
     on all but biases and layer norms.
@@ -194,7 +176,16 @@ class ModelParallelRun(RunShell):
                 self.batch_blocks,
                 last_batch_blocks=schedule.last_batch_blocks,
             )
-        self.local = build_local_model(parallel.strategy, model, device, parallel)
+        # The model (the same on every process) split for the strategy; this process's part.
+        if parallel.strategy == "pp":
+            self.local = build_gpt2_pipeline(
+                model, device, parallel.pipeline_schedule, parallel.num_microbatches
+            )
+        else:
+            model.to(device)
+            if parallel.strategy == "tp":
+                parallelize_gpt2(model, init_device_mesh(device.type, (world_size,)))
+            self.local = WholeModel(model)
         self.optimizer = build_optimizer(self.local.module, training_args)
         self.scheduler = get_scheduler(
             training_args.lr_scheduler_type,

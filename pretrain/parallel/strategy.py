@@ -41,8 +41,8 @@ def check_processes_joined(training_args: TrainingArguments) -> None:
 
 
 def check_model_parallel_launch(strategy: str, training_args: TrainingArguments) -> None:
-    """Refuse a launch whose processes do not fit the strategy or did not join one group."""
-    check_processes_joined(training_args)
+    """Refuse a launch of the TP/PP loop whose processes do not fit its strategy (after
+    `check_processes_joined`), or with options it cannot apply."""
     launched = training_args.world_size
     if strategy == "single" and launched > 1:
         raise InputError(
