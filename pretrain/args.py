@@ -253,13 +253,13 @@ def resolve_training_arguments(
     args: PretrainArguments,
     batch_blocks: int,
     count_train_blocks: Callable[[DataArguments], int],
-    model_parallel_loop: bool = False,
+    trainer_loop: bool = True,
 ) -> tuple[PrecisionChoice, BlockSchedule]:
     """Every change a run makes to the options it was given, in one place, each logged once
     with its reason; the precision and the steps it trains with.
 
     1. The precision: bf16, fp16 and mixed_precision from the launcher, the flags or the GPU
-       (`resolve_precision`). The TP/PP loop (`model_parallel_loop`) trains in fp32, and sets
+       (`resolve_precision`). The TP/PP loop (not `trainer_loop`) trains in fp32, and sets
        the options it does not apply to what it does (`drop_unused_options`).
     2. The token budget, rounded up to whole global batches of `batch_blocks` blocks
        (--whole_batches), for the data only: the summary records the budget as asked beside
@@ -268,11 +268,11 @@ def resolve_training_arguments(
        `count_train_blocks` prepares for those data options (--max_steps may stop earlier).
     """
     training_args = args.training
-    if model_parallel_loop:
+    if trainer_loop:
+        precision = resolve_precision(training_args)
+    else:
         drop_unused_options(args.model, training_args)
         precision = PrecisionChoice("no", "this loop trains in fp32", tf32=False)
-    else:
-        precision = resolve_precision(training_args)
     # Every step then has the shape of the first: compiled code never meets a new one.
     data_args, batch_tokens = args.data, batch_blocks * args.data.block_size
     budget = data_args.max_train_tokens

@@ -81,15 +81,14 @@ def plan_run(
     args: PretrainArguments,
     batch_blocks: int,
     model_checks: Sequence[Callable[[GPT2Config], None]] = (),
-    resumable: bool = False,
-    model_parallel_loop: bool = False,
+    trainer_loop: bool = False,
 ) -> RunPlan:
     """Check everything that can be checked cheaply, then prepare the blocks and count steps.
 
     `batch_blocks` is the loop's global batch in blocks; `model_checks` refuse a model shape
-    the loop cannot split; a `resumable` loop (Trainer's) resolves --resume_from_checkpoint
+    the loop cannot split; Trainer's loop (`trainer_loop`) resolves --resume_from_checkpoint
     before tokenizing anything, and refuses a checkpoint of another run; the options the run
-    changes are changed by `resolve_training_arguments` (the TP/PP loop's: `model_parallel_loop`).
+    changes are changed by `resolve_training_arguments`.
     """
     training_args, data_args = args.training, args.data
     tokenizer = load_tokenizer(data_args.tokenizer_dir)
@@ -104,7 +103,7 @@ def plan_run(
         training_args.resume_from_checkpoint == RESUME_AUTO
         and (output_dir / GPT_SUMMARY_FILE).is_file()
     )
-    if resumable and not finished_here:
+    if trainer_loop and not finished_here:
         with training_args.main_process_first(local=False, desc="checking the run folder"):
             resume_checkpoint, skipped = resolve_resume_checkpoint(
                 output_dir, training_args.resume_from_checkpoint, is_main=training_args.should_save
@@ -119,11 +118,11 @@ def plan_run(
         return len(prepared["blocks"]["train"])
 
     precision, schedule = resolve_training_arguments(
-        args, batch_blocks, count_train_blocks, model_parallel_loop
+        args, batch_blocks, count_train_blocks, trainer_loop
     )
     data = {"cache_dir": str(prepared["cache_dir"]), **read_stats(prepared["cache_dir"])}
     identity = finished = None
-    if resumable:
+    if trainer_loop:
         identity = run_identity(training_args, data, model_config, schedule)
         if finished_here:
             finished = check_finished_run(output_dir, identity)

@@ -158,13 +158,7 @@ class RunShell:
         args, training_args, budget = self.args, self.training_args, self.budget
         is_main = training_args.process_index == 0
         budget.lap(TIME_LOOP_SETUP)
-        self.plan = plan = plan_run(
-            args,
-            self.batch_blocks,
-            (self.check_model,),
-            resumable=self.trainer_loop,
-            model_parallel_loop=not self.trainer_loop,
-        )
+        self.plan = plan = plan_run(args, self.batch_blocks, (self.check_model,), self.trainer_loop)
         budget.lap(TIME_DATA)
         if plan.finished is not None:
             return self.nothing_to_resume(plan.finished, is_main)
