@@ -273,21 +273,9 @@ def resolve_training_arguments(
     else:
         drop_unused_options(args.model, training_args)
         precision = PrecisionChoice("no", "this loop trains in fp32", tf32=False)
-    # Every step then has the shape of the first: compiled code never meets a new one.
-    data_args, batch_tokens = args.data, batch_blocks * args.data.block_size
-    budget = data_args.max_train_tokens
-    if budget is not None and training_args.whole_batches and budget % batch_tokens:
-        rounded = math.ceil(budget / batch_tokens) * batch_tokens
-        logger.info(
-            "token budget %s rounded up to %s, %d whole batches of %s tokens (--whole_batches)",
-            f"{budget:,}",
-            f"{rounded:,}",
-            rounded // batch_tokens,
-            f"{batch_tokens:,}",
-        )
-        data_args = replace(data_args, max_train_tokens=rounded)
+    num_train_blocks = count_train_blocks(budget_in_whole_batches(args, batch_blocks))
     schedule = BlockSchedule.one_pass(
-        count_train_blocks(data_args), batch_blocks, data_args.block_size, training_args.max_steps
+        num_train_blocks, batch_blocks, args.data.block_size, training_args.max_steps
     )
     training_args.max_steps = schedule.max_steps
     logger.info(
@@ -363,6 +351,25 @@ def resolve_precision(training_args: TrainingArguments) -> PrecisionChoice:
     choice = PrecisionChoice(mixed_precision=mixed_precision, source=source, tf32=bool(tf32))
     logger.info("precision: %s (%s), TF32 %s", choice.name, source, "on" if tf32 else "off")
     return choice
+
+
+def budget_in_whole_batches(args: PretrainArguments, batch_blocks: int) -> DataArguments:
+    """The data options with --max_train_tokens rounded up to whole global batches (with
+    --whole_batches): every step then has the shape of the first, and compiled code never meets
+    a new one."""
+    data_args, batch_tokens = args.data, batch_blocks * args.data.block_size
+    budget = data_args.max_train_tokens
+    if budget is None or not args.training.whole_batches or budget % batch_tokens == 0:
+        return data_args
+    rounded = math.ceil(budget / batch_tokens) * batch_tokens
+    logger.info(
+        "token budget %s rounded up to %s, %d whole batches of %s tokens (--whole_batches)",
+        f"{budget:,}",
+        f"{rounded:,}",
+        rounded // batch_tokens,
+        f"{batch_tokens:,}",
+    )
+    return replace(data_args, max_train_tokens=rounded)
 
 
 def drop_unused_options(model_args: ModelArguments, training_args: TrainingArguments) -> None:
