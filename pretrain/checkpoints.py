@@ -56,11 +56,15 @@ from common.run_contract import (
     STOP_SIGNALS,
 )
 from pretrain.batches import BlockSchedule
+from pretrain.blocks.cache import tokenizer_files_digest
 from pretrain.parallel.strategy import local_tensor
 
 logger = logging.getLogger(__name__)
 
 RESUME_AUTO = "auto"
+# The scheme of `run_identity`, recorded in it. 1 (not recorded, releases before it): the
+# tokenizer's files hashed by their bytes, not their JSON files by their parsed content.
+IDENTITY_VERSION = 2
 # Files that mark a finished run in the run folder.
 FINISHED_RUN_MARKERS = (GPT_SUMMARY_FILE, FINAL_MODEL_DIR)
 
@@ -137,6 +141,7 @@ def run_identity(
     batch may change, as long as the global batch stays."""
     settings = data["settings"]
     return {
+        "identity_version": IDENTITY_VERSION,
         "corpus": data["corpus_fingerprint"],
         "tokenizer": data["tokenizer_files_sha256"],
         "block_size": schedule.block_size,
@@ -166,9 +171,25 @@ def run_identity(
 
 
 def identity_differences(
-    saved: dict[str, Any], current: dict[str, Any], where: str = "in the checkpoint"
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    tokenizer_dir: str | Path,
+    where: str = "in the checkpoint",
 ) -> list[str]:
-    """`name: X now, Y <where>` for each item of the run identity that differs."""
+    """`name: X now, Y <where>` for each item of the run identity that differs, the `saved`
+    one read in the scheme of the release that wrote it (its `identity_version`)."""
+    saved, current = dict(saved), dict(current)
+    version = saved.pop("identity_version", 1)
+    current.pop("identity_version")
+    if not isinstance(version, int) or version > IDENTITY_VERSION:
+        raise InputError(
+            f"the run identity {where} has version {version!r}, newer than the "
+            f"{IDENTITY_VERSION} this checkout reads; update the toolkit to resume it"
+        )
+    if version == 1 and saved.get("tokenizer") == tokenizer_files_digest(
+        tokenizer_dir, canonical_json=False
+    ):
+        saved["tokenizer"] = current["tokenizer"]  # the same files, hashed the older way
 
     def shown(value: Any) -> str:
         text = json.dumps(value) if isinstance(value, dict | list) else str(value)
@@ -233,7 +254,9 @@ def resolve_resume_checkpoint(
     return None, skipped
 
 
-def check_same_run(checkpoint: Path, identity: dict[str, Any], is_main: bool) -> None:
+def check_same_run(
+    checkpoint: Path, identity: dict[str, Any], tokenizer_dir: str | Path, is_main: bool
+) -> None:
     """Refuse to resume a checkpoint of another run, naming what differs; the main process
     warns when the checkpoint took longer to save than a stop signal leaves."""
     manifest = read_manifest(checkpoint)
@@ -245,7 +268,7 @@ def check_same_run(checkpoint: Path, identity: dict[str, Any], is_main: bool) ->
             "%s has no record of its run's settings: resuming it as this run", checkpoint
         )
         return
-    differences = identity_differences(saved, identity)
+    differences = identity_differences(saved, identity, tokenizer_dir)
     if differences:
         raise InputError(
             f"checkpoint {checkpoint} belongs to another run ({'; '.join(differences)}); "

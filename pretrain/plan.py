@@ -125,9 +125,14 @@ def plan_run(
     if trainer_loop:
         identity = run_identity(training_args, data, model_config, schedule)
         if finished_here:
-            finished = check_finished_run(output_dir, identity)
+            finished = check_finished_run(output_dir, identity, data_args.tokenizer_dir)
         if resume_checkpoint is not None:
-            check_same_run(resume_checkpoint, identity, training_args.process_index == 0)
+            check_same_run(
+                resume_checkpoint,
+                identity,
+                data_args.tokenizer_dir,
+                training_args.process_index == 0,
+            )
     return RunPlan(
         tokenizer,
         model_config,
@@ -146,12 +151,20 @@ def plan_run(
     )
 
 
-def check_finished_run(output_dir: Path, identity: dict[str, Any]) -> dict[str, Any]:
+def check_finished_run(
+    output_dir: Path, identity: dict[str, Any], tokenizer_dir: str | Path
+) -> dict[str, Any]:
     """The summary of the run that finished in `output_dir` when it is this run; a finished
-    run of other settings is refused, naming what differs."""
+    run of other settings, or of none recorded, is refused."""
     finished = read_gpt_summary(output_dir)
-    saved = finished.get("run_identity") or identity  # summaries before version 3 have none
-    differences = identity_differences(saved, identity, where="in that run")
+    saved = finished.get("run_identity")
+    if not isinstance(saved, dict):  # summaries before version 3 have none
+        raise InputError(
+            f"run folder {output_dir} holds a finished run whose {GPT_SUMMARY_FILE} (summary "
+            f"version {finished.get('summary_version')}) records no run identity: it cannot be "
+            "compared with these settings; start a new run in another --output_dir"
+        )
+    differences = identity_differences(saved, identity, tokenizer_dir, where="in that run")
     if differences:
         raise InputError(
             f"run folder {output_dir} holds a finished run of other settings "

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from pretrain_runs import (
@@ -400,3 +401,61 @@ def test_a_signal_saves_a_checkpoint_without_periodic_ones(data_paths, tmp_path)
     assert process.returncode == 128 + signal.SIGUSR1, stderr[-2000:]
     (checkpoint,) = list_checkpoints(output_dir)
     assert checkpoint_damage(checkpoint) is None
+
+
+def test_a_finished_run_whose_summary_records_no_identity_cannot_be_compared(
+    run_with_checkpoints, tmp_path, capsys
+):
+    """Summaries before version 3 (30c6c0a's) record no run identity: other settings cannot be
+    told from the same ones, so neither is taken for 'nothing to do'."""
+    argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=False)
+    summary = read_summary(output_dir)
+    del summary["run_identity"]
+    (output_dir / GPT_SUMMARY_FILE).write_text(json.dumps({**summary, "summary_version": 2}))
+    assert main([*argv, "--learning_rate", "2.0e-3", "--resume_from_checkpoint", "auto"]) == 2
+    (error,) = capsys.readouterr().err.splitlines()
+    assert "records no run identity: it cannot be compared with these settings" in error
+
+
+RELEASE_FIXTURES = Path(__file__).parent / "fixtures" / "release_checkpoints"
+RELEASES = sorted(path.parent.name for path in RELEASE_FIXTURES.glob("*/written_by.json"))
+
+
+def release_fixture_folder(tmp_path: Path, release: str | None = None) -> list[str]:
+    """The fixture's corpus, tokenizer and config in `tmp_path` (and the run folder a release
+    left, as `run/`); the command line of its run, relative to `tmp_path`."""
+    for name in ("corpus", "tokenizer", "run.yaml"):
+        copy = shutil.copytree if (RELEASE_FIXTURES / name).is_dir() else shutil.copyfile
+        copy(RELEASE_FIXTURES / name, tmp_path / name)
+    if release is not None:
+        shutil.copytree(
+            RELEASE_FIXTURES / release,
+            tmp_path / "run",
+            ignore=shutil.ignore_patterns("written_by.json"),
+        )
+    return ["--config", "run.yaml", "--output_dir", "run"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_release_run(tmp_path_factory):
+    """The fixture's run trained from step 0 to the end by this checkout."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    argv = release_fixture_folder(folder)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        assert main(argv) == 0
+    return read_summary(folder / "run")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_checkpoint_written_by_an_earlier_release_resumes_to_the_uninterrupted_loss(
+    release, uninterrupted_release_run, tmp_path, monkeypatch
+):
+    argv = release_fixture_folder(tmp_path, release)
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
+    summary = read_summary(tmp_path / "run")
+    assert summary["resumed_from_step"] == 8
+    assert summary["global_step"] == uninterrupted_release_run["global_step"] == 16
+    for loss in ("final_loss", "eval_loss"):
+        assert summary[loss] == pytest.approx(uninterrupted_release_run[loss], rel=1e-5)

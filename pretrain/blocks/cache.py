@@ -181,10 +181,11 @@ def check_writable(folder: Path) -> None:
         ) from None
 
 
-def tokenizer_files_digest(tokenizer_dir: str | Path) -> str:
+def tokenizer_files_digest(tokenizer_dir: str | Path, canonical_json: bool = True) -> str:
     """SHA-256 over the names and contents of the tokenizer files in the folder; a JSON file's
     content is its parsed value serialised canonically, so a re-indented or re-ordered
-    `tokenizer.json` is the same tokenizer."""
+    `tokenizer.json` is the same tokenizer (without `canonical_json`: its bytes, as releases
+    before it hashed them)."""
     digest = hashlib.sha256()
     for name in TOKENIZER_FILE_NAMES:
         path = Path(tokenizer_dir) / name
@@ -193,7 +194,7 @@ def tokenizer_files_digest(tokenizer_dir: str | Path) -> str:
         content = path.read_bytes()
         # A broken JSON file counts by its bytes: loading the tokenizer then says what is wrong.
         with contextlib.suppress(ValueError):
-            if path.suffix == ".json":
+            if canonical_json and path.suffix == ".json":
                 content = json.dumps(json.loads(content), sort_keys=True).encode()
         digest.update(name.encode() + b"\0" + content)
     return digest.hexdigest()
