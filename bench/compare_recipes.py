@@ -182,7 +182,7 @@ def gpt2_117m_flops_per_token(tokenizer_dir: str, vocab_size: int) -> float:
     from pretrain.metrics import flops_per_token
     from pretrain.model import build_model_config
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False)
     with torch.device("meta"):
         model = GPT2LMHeadModel(build_model_config("gpt2-117m", tokenizer, 1024, vocab_size))
     return flops_per_token(model, 1024)

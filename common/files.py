@@ -21,7 +21,7 @@ import filelock
 import xxhash
 
 from common.cli import InputError
-from common.run_contract import CHECKPOINT_MANIFEST_FILE
+from common.run_contract import CHECKPOINT_MANIFEST_FILE, NUMBER, read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -127,16 +127,33 @@ def damage_in(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None:
     return None
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The manifest that seals a folder (a checkpoint, a run's final model), or None when it
-    has none or it is unreadable (a save cut short). The one rule for a complete save: the
-    manifest is written last, so a folder with one that reads is complete (launch-pretraining's
-    newest checkpoint, the unfinished saves a failed run removes); resuming also checks its
-    files against it (pretrain/checkpoints.py's `checkpoint_damage`)."""
+MANIFEST_KEY_TYPES = {"files": dict, "run_identity": dict, "save_seconds": NUMBER}
+
+
+def read_manifest(
+    folder: Path,
+    name: str = CHECKPOINT_MANIFEST_FILE,
+    key_types: dict[str, type | tuple[type, ...]] = MANIFEST_KEY_TYPES,
+) -> dict[str, Any] | None:
+    """The manifest `name` that seals a folder (a checkpoint, a run's final model, a block
+    cache), or None when it has none, or it is unreadable or not of a manifest's shape (a save
+    cut short, a damaged file): `files` maps names to their size and checksum. The one rule
+    for a complete save: the manifest is written last, so a folder with one that reads is
+    complete (launch-pretraining's newest checkpoint, the unfinished saves a failed run
+    removes); resuming also checks its files against it (`checkpoint_damage`)."""
     try:
-        return json.loads((folder / CHECKPOINT_MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = read_json_object(folder / name, key_types=key_types)
+    except InputError:
         return None
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(record, dict)
+        and isinstance(record.get("bytes"), int)
+        and isinstance(record.get("xxh3_64"), str)
+        for record in files.values()
+    ):
+        return None
+    return manifest
 
 
 def sealed_folder_damage(folder: Path) -> str | None:

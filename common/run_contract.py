@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from common.cli import InputError
@@ -41,6 +44,7 @@ DOCUMENT_SPLIT_FILE = "document_split.json"
 # the seconds launch-pretraining waits for that after passing one on, before it kills them.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 STOP_GRACE_VARIABLE = "PRETRAIN_STOP_GRACE_SECONDS"
+MAX_STOP_GRACE_SECONDS = 86400  # a day; Slurm's --signal lead time is at most 65535 s
 
 # run_summary.json carries its version; readers note an older one and refuse a newer one.
 # 3: one `verdict` (no `loss_below_threshold`, `diverged`); `time_budget`, `checkpoint_saves`,
@@ -59,17 +63,22 @@ GPT_TIME_BUDGET_PARTS = (
     "final_save", "final_eval", "summary", "other",
 )  # fmt: skip
 
-GPT_REQUIRED_KEYS = (
-    "summary_version", "wall_seconds", "train_loop_seconds", "tokens_trained",
-    "tokens_per_second", "mfu", "final_loss", "final_loss_window", "loss_threshold", "verdict",
-    "eval_loss", "perplexity", "bits_per_byte", "max_steps", "global_batch_tokens",
-    "num_parameters", "hardware", "versions", "accelerator_state", "config", "speed_settings",
-)  # fmt: skip
-MNIST_REQUIRED_KEYS = (
-    "trainer", "test_accuracy", "test_loss", "confusion_matrix", "epochs", "train_seconds",
-    "num_train", "num_val", "num_test", "data_source", "device", "history", "hardware",
-    "versions", "config",
-)  # fmt: skip
+# Each required key with the JSON type of its value (null is always allowed: not known).
+NUMBER = (int, float)
+GPT_REQUIRED_KEYS = {
+    "summary_version": int, "wall_seconds": NUMBER, "train_loop_seconds": NUMBER,
+    "tokens_trained": int, "tokens_per_second": NUMBER, "mfu": NUMBER, "final_loss": NUMBER,
+    "final_loss_window": int, "loss_threshold": NUMBER, "verdict": str, "eval_loss": NUMBER,
+    "perplexity": NUMBER, "bits_per_byte": NUMBER, "max_steps": int,
+    "global_batch_tokens": int, "num_parameters": int, "hardware": dict, "versions": dict,
+    "accelerator_state": str, "config": dict, "speed_settings": dict,
+}  # fmt: skip
+MNIST_REQUIRED_KEYS = {
+    "trainer": str, "test_accuracy": NUMBER, "test_loss": NUMBER, "confusion_matrix": list,
+    "epochs": int, "train_seconds": NUMBER, "num_train": int, "num_val": int, "num_test": int,
+    "data_source": str, "device": str, "history": list, "hardware": dict, "versions": dict,
+    "config": dict,
+}  # fmt: skip
 
 # TensorBoard tags. Both stages: training loss and learning rate per logged step.
 TRAIN_LOSS = "train/loss"
@@ -111,10 +120,10 @@ PROBE_METHODS = (
     PROBE_PRETRAINED, PROBE_RANDOM_INIT, PROBE_PRETRAINED_LINEAR, PROBE_RANDOM_INIT_LINEAR,
     PROBE_TFIDF,
 )  # fmt: skip
-PROBE_REQUIRED_KEYS = (
-    "probe_version", "label_level", "class_names", "num_train", "num_test", "chance",
-    "pretraining_overlap", "methods",
-)  # fmt: skip
+PROBE_REQUIRED_KEYS = {
+    "probe_version": int, "label_level": str, "class_names": list, "num_train": int,
+    "num_test": int, "chance": dict, "pretraining_overlap": dict, "methods": dict,
+}  # fmt: skip
 PROBE_METHOD_REQUIRED_KEYS = ("accuracy", "macro_f1", "confusion_matrix", "train_seconds")
 # The probe curve (the "curve" entry): the linear probe's accuracy after each number of
 # pretraining tokens, at step 0, at every checkpoint the run folder held, and at the end.
@@ -126,7 +135,9 @@ PARALLELISM_COMPARISON_FILE = "parallelism_comparison.json"
 PARALLELISM_COMPARISON_TABLE = "parallelism_comparison.md"
 PARALLELISM_COMPARISON_FIGURE = "parallelism_comparison.png"
 PARALLELISM_COMPARISON_VERSION = 1
-PARALLELISM_COMPARISON_REQUIRED_KEYS = ("comparison_version", "command", "rows", "versions")
+PARALLELISM_COMPARISON_REQUIRED_KEYS = {
+    "comparison_version": int, "command": str, "rows": list, "versions": dict,
+}  # fmt: skip
 
 
 def read_json_object(
@@ -134,13 +145,15 @@ def read_json_object(
     version_key: str | None = None,
     version: int | None = None,
     note: Callable[[str], None] = logger.warning,
+    key_types: Mapping[str, type | tuple[type, ...]] = MappingProxyType({}),
 ) -> dict[str, Any]:
     """The JSON object in `path`, read strictly; any fault is one InputError naming the file.
 
     A bare NaN or Infinity is refused: Python's json reads and writes them, but they are not
     JSON, and a NaN loss would read as a number. With `version_key`, a file of a newer
     `version` is refused (this checkout cannot know what its keys mean); one of an older
-    version is read, and `note` says so.
+    version is read, and `note` says so. A key of `key_types` whose value is of another type
+    (not null) is damage.
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_not_json)
@@ -150,6 +163,10 @@ def read_json_object(
         raise InputError(f"{path} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path} does not hold a JSON object")
+    for key, expected in key_types.items():
+        if data.get(key) is not None and not isinstance(data[key], expected):
+            kind = type(data[key]).__name__
+            raise InputError(f"{path} is damaged: its {key!r} is a {kind}, of another type")
     found = data.get(version_key) if version_key else version
     if isinstance(found, int) and found > version:
         raise InputError(
@@ -175,4 +192,29 @@ def read_gpt_summary(
         path = path / GPT_SUMMARY_FILE
     if not path.exists():
         raise InputError(f"{path} does not exist: the run has not finished (it writes it last)")
-    return read_json_object(path, "summary_version", GPT_SUMMARY_VERSION, note)
+    summary = read_json_object(
+        path, "summary_version", GPT_SUMMARY_VERSION, note, GPT_REQUIRED_KEYS
+    )
+    missing = [key for key in GPT_REQUIRED_KEYS if key not in summary]
+    if summary.get("summary_version") == GPT_SUMMARY_VERSION and missing:
+        raise InputError(f"{path} is damaged: it lacks {', '.join(missing)}")
+    return summary
+
+
+def stop_grace_seconds() -> float:
+    """STOP_GRACE_VARIABLE's seconds, infinite when it is not set (no launcher kills the run);
+    InputError unless it is a number of seconds above 0 and at most a day."""
+    text = os.environ.get(STOP_GRACE_VARIABLE)
+    if text is None:
+        return math.inf
+    try:
+        grace = float(text)
+    except ValueError:
+        grace = math.nan
+    if not 0 < grace <= MAX_STOP_GRACE_SECONDS:  # NaN included
+        raise InputError(
+            f"{STOP_GRACE_VARIABLE}={text!r} is not a number of seconds above 0 and at most "
+            f"{MAX_STOP_GRACE_SECONDS}; set it to the seconds a checkpoint save may take after "
+            "a stop signal (default 60)"
+        )
+    return grace

@@ -42,7 +42,9 @@ def load_tokenizer(tokenizer_dir: str | Path):
 
     path = check_tokenizer_dir(tokenizer_dir)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=False
+        )
     except Exception as err:  # noqa: BLE001 (loaders raise many types for a broken folder)
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"tokenizer folder {path} cannot be loaded: {message}") from None

@@ -19,7 +19,6 @@ import functools
 import json
 import logging
 import math
-import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +36,8 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
-from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
+from transformers.trainer_pt_utils import safe_globals
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 
 from common.cli import InputError, signals_handled
@@ -54,6 +54,7 @@ from common.run_contract import (
     GPT_SUMMARY_FILE,
     STOP_GRACE_VARIABLE,
     STOP_SIGNALS,
+    stop_grace_seconds,
 )
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.cache import tokenizer_files_digest
@@ -115,8 +116,11 @@ def unsealed_checkpoint_damage(checkpoint_dir: Path) -> str | None:
             if path.suffix == ".safetensors":
                 with safe_open(str(path), "pt") as tensors:
                     tensors.keys()
-            elif path.suffix in (".bin", ".pt", ".pth"):  # Trainer's own files, pickled
-                torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+            elif path.suffix in (".bin", ".pt", ".pth") and path.name != TRAINING_ARGS_NAME:
+                # As Trainer loads them to resume: tensors and numpy's RNG state, never code
+                # (it never loads its pickled arguments).
+                with safe_globals():
+                    torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:  # noqa: BLE001 (each loader has its own errors for a bad file)
         return f"no manifest and it does not load ({type(err).__name__}: {str(err)[:120]})"
     return None
@@ -281,7 +285,7 @@ def warn_if_longer_than_grace(save_seconds: float, checkpoint_dir: Path) -> None
     """Warn when a checkpoint took longer to save than launch-pretraining waits after a stop
     signal (its STOP_GRACE_VARIABLE) before it kills the processes: a save on the signal
     would be lost."""
-    grace = float(os.environ.get(STOP_GRACE_VARIABLE, "inf"))
+    grace = stop_grace_seconds()
     if save_seconds > grace:
         logger.warning(
             "%s took %.0f s to save, longer than the %g s launch-pretraining waits after a stop "

@@ -30,7 +30,7 @@ from transformers.trainer_utils import sort_checkpoints
 
 from common import cli
 from common.files import read_manifest
-from common.run_contract import STOP_GRACE_VARIABLE, STOP_SIGNALS
+from common.run_contract import STOP_GRACE_VARIABLE, STOP_SIGNALS, stop_grace_seconds
 from pretrain.device import mark_gpu_required
 
 ERRORS_LOG = "process_errors.log"  # in the run folder: what follows from our error line
@@ -155,10 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     args.quiet = False  # with it, accelerate ends with exit code 1 instead of the process's
     run_dir = run_folder(args.training_script_args)
     mark_gpu_required(args)
-    grace = os.environ.setdefault(STOP_GRACE_VARIABLE, "60")
-    if not re.fullmatch(r"\d+(\.\d*)?", grace):
-        raise cli.InputError(f"{STOP_GRACE_VARIABLE}={grace!r} is not a number of seconds")
-    stop = StopSignals(float(grace), run_dir)
+    os.environ.setdefault(STOP_GRACE_VARIABLE, "60")  # the processes warn against it too
+    stop = StopSignals(stop_grace_seconds(), run_dir)
     os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"  # SIGTERM, SIGUSR1: ours
     # torchrun's lines on a failure ("Sending process ... closing signal") say less than ours;
     # accelerate lists the launch defaults it filled in (threads per CPU process) on every start.

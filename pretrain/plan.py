@@ -19,7 +19,7 @@ import datasets
 from transformers import GPT2Config, PreTrainedTokenizerBase
 
 from common.cli import InputError
-from common.run_contract import GPT_SUMMARY_FILE, read_gpt_summary
+from common.run_contract import GPT_SUMMARY_FILE, read_gpt_summary, stop_grace_seconds
 from common.tokenization import load_tokenizer
 from pretrain.args import PrecisionChoice, PretrainArguments, resolve_training_arguments
 from pretrain.batches import BlockSchedule
@@ -91,6 +91,7 @@ def plan_run(
     changes are changed by `resolve_training_arguments`.
     """
     training_args, data_args = args.training, args.data
+    stop_grace_seconds()  # refused now, not at the first checkpoint
     tokenizer = load_tokenizer(data_args.tokenizer_dir)
     model_config = args.model.model_config(tokenizer, data_args.block_size)
     for check in model_checks:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import SafetensorError
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, set_seed
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -76,7 +77,9 @@ def read_pretraining_run(run_dir: str | Path) -> PretrainingRun:
 def load_model_config(model_dir: Path) -> GPT2Config:
     """The model config of a run's model folder; raises InputError when it is not a GPT-2."""
     try:
-        config = GPT2Config.from_pretrained(str(model_dir), local_files_only=True)
+        config = GPT2Config.from_pretrained(
+            str(model_dir), local_files_only=True, trust_remote_code=False
+        )
     except (OSError, ValueError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"{model_dir} holds no loadable GPT-2 config: {message}") from None
@@ -91,11 +94,17 @@ def load_transformer(model_dir: Path) -> GPT2Model:
     """The transformer (no language-model head) saved in `model_dir`; raises InputError when
     any of its weights is missing."""
     load_model_config(model_dir)
+    damage = sealed_folder_damage(model_dir)
+    if damage is not None:
+        raise InputError(f"{model_dir} is damaged: {damage}")
     try:
         model, loading = GPT2Model.from_pretrained(
-            str(model_dir), local_files_only=True, output_loading_info=True
+            str(model_dir),
+            local_files_only=True,
+            output_loading_info=True,
+            trust_remote_code=False,
         )
-    except (OSError, ValueError, RuntimeError) as err:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"{model_dir} holds no loadable GPT-2 weights: {message}") from None
     # from_pretrained initialises every weight it does not find and only logs it: a model

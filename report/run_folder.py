@@ -174,7 +174,9 @@ def read_summary(record: RunRecord) -> None:
     path = record.path / SUMMARY_FILES[kind]
     try:
         versioned = VERSIONS.get(kind, (None, None))
-        record.summary = contract.read_json_object(path, *versioned, record.note)
+        record.summary = contract.read_json_object(
+            path, *versioned, record.note, REQUIRED_KEYS[kind]
+        )
     except InputError as err:
         record.note(f"{err}; its numbers are left out")
         return
@@ -188,7 +190,11 @@ def read_probe_results(record: RunRecord) -> None:
     for path in sorted((record.path / contract.PROBE_DIR).glob("*.json")):
         try:
             results = contract.read_json_object(
-                path, "probe_version", contract.PROBE_VERSION, record.note
+                path,
+                "probe_version",
+                contract.PROBE_VERSION,
+                record.note,
+                contract.PROBE_REQUIRED_KEYS,
             )
         except InputError as err:
             record.note(f"{err}; left out")

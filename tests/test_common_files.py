@@ -5,22 +5,32 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
 import pytest
 
+from common.cli import InputError
 from common.files import (
     LockHeld,
     damage_in,
     exclusive_lock,
     file_digests,
     finite_or_null,
+    read_manifest,
     replace_dir,
     sealed_folder_damage,
     write_json_atomic,
 )
-from common.run_contract import CHECKPOINT_MANIFEST_FILE
+from common.run_contract import (
+    CHECKPOINT_MANIFEST_FILE,
+    GPT_REQUIRED_KEYS,
+    GPT_SUMMARY_FILE,
+    GPT_SUMMARY_VERSION,
+    NUMBER,
+    read_gpt_summary,
+)
 
 
 def test_json_is_strict_nan_and_infinities_become_null(tmp_path):
@@ -110,3 +120,65 @@ def test_a_sealed_folder_names_its_damage(tmp_path):
     assert sealed_folder_damage(tmp_path) is None
     (tmp_path / "model").unlink()
     assert sealed_folder_damage(tmp_path) == "model is missing"
+
+
+# JSON that parses but is not of a manifest's or a summary's shape: damage, never a traceback.
+WRONG_SHAPES = (
+    "{}",
+    "[]",
+    '"files"',
+    '{"files": null}',
+    '{"files": []}',
+    '{"files": {"model.safetensors": []}}',
+    '{"files": {"model.safetensors": {"bytes": "16", "xxh3_64": 5}}}',
+    '{"files": {"model.safetensors": {"bytes": 16}}}',
+)
+
+
+@pytest.mark.parametrize("text", WRONG_SHAPES)
+def test_a_manifest_of_the_wrong_shape_is_damage(tmp_path, text):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 16)
+    (tmp_path / CHECKPOINT_MANIFEST_FILE).write_text(text)
+    assert read_manifest(tmp_path) is None
+    assert sealed_folder_damage(tmp_path) == f"its {CHECKPOINT_MANIFEST_FILE} is unreadable"
+
+
+@pytest.mark.parametrize(
+    "fields", [{"run_identity": []}, {"run_identity": "x"}, {"save_seconds": "12"}]
+)
+def test_a_manifest_whose_fields_have_the_wrong_type_is_damage(tmp_path, fields):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 16)
+    manifest = {"files": file_digests(tmp_path), "run_identity": {}, "save_seconds": 1.5}
+    (tmp_path / CHECKPOINT_MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert read_manifest(tmp_path) == manifest
+    (tmp_path / CHECKPOINT_MANIFEST_FILE).write_text(json.dumps({**manifest, **fields}))
+    assert read_manifest(tmp_path) is None
+
+
+def summary_of_every_required_key():
+    """A run_summary.json with each required key of its type."""
+    values = {int: 1, str: "pass", dict: {}, list: [], NUMBER: 1.5}
+    return {key: values[kind] for key, kind in GPT_REQUIRED_KEYS.items()} | {
+        "summary_version": GPT_SUMMARY_VERSION
+    }
+
+
+@pytest.mark.parametrize(
+    ("summary", "error"),
+    [
+        ([], "does not hold a JSON object"),
+        ("x", "does not hold a JSON object"),
+        ({"summary_version": GPT_SUMMARY_VERSION}, "is damaged: it lacks wall_seconds"),
+        ({**summary_of_every_required_key(), "verdict": 5}, "its 'verdict' is a int"),
+        ({**summary_of_every_required_key(), "final_loss": "4.2"}, "its 'final_loss' is a str"),
+        ({**summary_of_every_required_key(), "config": []}, "its 'config' is a list"),
+        ({**summary_of_every_required_key(), "summary_version": "3"}, "'summary_version' is a"),
+    ],
+)
+def test_a_summary_of_the_wrong_shape_is_one_input_error(tmp_path, summary, error):
+    path = tmp_path / GPT_SUMMARY_FILE
+    path.write_text(json.dumps(summary))
+    with pytest.raises(InputError, match=re.escape(error)):
+        read_gpt_summary(path)
+    path.write_text(json.dumps(summary_of_every_required_key()))
+    assert read_gpt_summary(path)["verdict"] == "pass"

@@ -24,7 +24,7 @@ from common.cli import InputError
 from common.corpus import CorpusArguments, document_hashes, iter_documents
 from common.tokenization import PIECE_CHARS, tokenize_documents, tokenize_stream
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.cache import load_blocks, prepare_blocks, read_stats
+from pretrain.blocks.cache import cache_damage, load_blocks, prepare_blocks, read_stats
 from pretrain.blocks.packing import (
     STATS_FILE,
     choose_validation_documents,
@@ -670,3 +670,56 @@ def test_a_full_disk_while_packing_is_one_line_exit_3_and_nothing_kept(
         assert "MiB free there, nothing kept" in errors[0]
         kept = [path.name for path in cache_dir.iterdir()] if cache_dir.exists() else []
         assert [name for name in kept if not name.endswith(".lock")] == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",
+        "[]",
+        '{"files": []}',
+        '{"files": {"x": 1}}',
+        '{"files": {}, "settings": []}',
+        '{"files": {}, "corpus_fingerprint": 5}',
+    ],
+)
+def test_a_block_cache_whose_stats_have_the_wrong_shape_is_damaged(tmp_path, text):
+    (tmp_path / STATS_FILE).write_text(text)
+    assert cache_damage(tmp_path) == f"{STATS_FILE} is unreadable"
+
+
+def test_a_tokenizer_folder_with_its_own_code_never_runs_it(
+    corpus_args, tiny_tokenizer_dir, tmp_path
+):
+    """A tokenizer_config.json with an auto_map names Python in the folder; transformers asks
+    whether to run it, and `yes |` in a script answers. trust_remote_code=False: it never runs,
+    and the folder is refused in one line."""
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tiny_tokenizer_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config |= {
+        "tokenizer_class": "OwnTokenizer",
+        "auto_map": {"AutoTokenizer": [None, "own.OwnTokenizer"]},
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    marker = tmp_path / "marker"
+    (folder / "own.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PreTrainedTokenizerFast\n"
+        "class OwnTokenizer(PreTrainedTokenizerFast):\n    pass\n"
+    )
+    argv = ["--corpus", *corpus_args.corpus, "--tokenizer_dir", str(folder),
+            "--cache_dir", str(tmp_path / "cache"), "--block_size", str(BLOCK_SIZE)]  # fmt: skip
+    prepared = subprocess.run(
+        [sys.executable, "-m", "pretrain.blocks.prepare", *argv],
+        input="y\n" * 100,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert prepared.returncode == 2, prepared.stderr
+    (error,) = prepared.stderr.splitlines()
+    assert error.startswith(f"error: tokenizer folder {folder} cannot be loaded: ")
+    assert "contains custom code" in error
+    assert not marker.exists()

@@ -28,6 +28,8 @@ from pretrain_runs import (
 from common.run_contract import CHECKPOINT_MANIFEST_FILE, STOP_GRACE_VARIABLE, STOP_SIGNALS
 from pretrain.checkpoints import checkpoint_damage, checkpoint_global_step, list_checkpoints
 from pretrain.launch import StopSignals, newest_complete_checkpoint, outcome, run_folder
+from pretrain.launch import main as launch_main
+from pretrain.run import main as pretrain_main
 
 LAUNCHER = [sys.executable, "-m", "pretrain.launch"]
 CPU_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu.yaml"
@@ -166,7 +168,7 @@ def test_killed_process_ends_the_run_in_one_line_naming_rank_signal_and_checkpoi
 @pytest.mark.slow
 def test_stop_signal_unsaved_within_the_grace_period_is_a_failed_run(data_paths, tmp_path):
     run_dir = tmp_path / "run"
-    launcher = launch(data_paths, run_dir, num_processes=1, **{STOP_GRACE_VARIABLE: "0"})
+    launcher = launch(data_paths, run_dir, num_processes=1, **{STOP_GRACE_VARIABLE: "0.5"})
     wait_for_training(launcher, run_dir)
     (worker,) = psutil.Process(launcher.pid).children()
     worker.suspend()  # a save slower than any grace period: it never gets to it
@@ -175,7 +177,7 @@ def test_stop_signal_unsaved_within_the_grace_period_is_a_failed_run(data_paths,
 
     assert launcher.returncode == 3, stderr[-3000:]
     (error,) = error_lines(stderr)
-    assert "SIGTERM stopped the run unsaved: the processes were killed after 0 s" in error
+    assert "SIGTERM stopped the run unsaved: the processes were killed after 0.5 s" in error
     assert STOP_GRACE_VARIABLE in error
     assert f"the newest complete checkpoint is {newest_whole_checkpoint(run_dir)}" in error
 
@@ -235,3 +237,22 @@ def test_a_stop_that_saved_no_new_checkpoint_is_a_failed_run_not_one_to_requeue(
     (tmp_path / "checkpoint-4").mkdir()
     (tmp_path / "checkpoint-4" / CHECKPOINT_MANIFEST_FILE).write_text("{}")
     assert outcome({0: 138, 1: 138}, stop) == (138, None)
+
+
+@pytest.mark.parametrize("grace", ["abc", "", "-5", "0", "nan", "inf", "1e10", "86401"])
+def test_a_bad_grace_period_is_one_line_and_exit_2_with_or_without_the_launcher(
+    data_paths, tmp_path, monkeypatch, capsys, grace
+):
+    """Checked before anything starts, under plain python too (not at the first checkpoint);
+    a grace the launcher's kill timer cannot hold (1e10) or no number of seconds is refused."""
+    monkeypatch.setenv(STOP_GRACE_VARIABLE, grace)
+    run_dir = tmp_path / "run"
+    argv = tiny_run_argv(**data_paths, output_dir=run_dir)
+    assert pretrain_main(argv) == 2
+    assert launch_main(["--config_file", str(CPU_CONFIG), str(RUN_SCRIPT), *argv]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert errors[-2:] == 2 * [
+        f"error: {STOP_GRACE_VARIABLE}={grace!r} is not a number of seconds above 0 and at most "
+        "86400; set it to the seconds a checkpoint save may take after a stop signal (default 60)"
+    ]
+    assert not run_dir.exists()

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from pretrain_runs import (
     logged_losses,
     read_summary,
@@ -459,3 +460,72 @@ def test_a_checkpoint_written_by_an_earlier_release_resumes_to_the_uninterrupted
     assert summary["global_step"] == uninterrupted_release_run["global_step"] == 16
     for loss in ("final_loss", "eval_loss"):
         assert summary[loss] == pytest.approx(uninterrupted_release_run[loss], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    ["{}", "[]", '{"files": []}', '{"files": {"model.safetensors": 16}}', "RUN_IDENTITY_LIST"],
+)
+def test_a_checkpoint_manifest_of_the_wrong_shape_is_damage_moved_aside(tmp_path, manifest):
+    output_dir = tmp_path / "run"
+    make_checkpoint(output_dir, 4)
+    newest = make_checkpoint(output_dir, 8)
+    if manifest == "RUN_IDENTITY_LIST":  # files as written, the identity of another type
+        manifest = json.dumps({"files": file_digests(newest), "run_identity": []})
+    (newest / CHECKPOINT_MANIFEST_FILE).write_text(manifest)
+    resumed, skipped = resolve_resume_checkpoint(output_dir, "auto", is_main=True)
+    assert resumed == output_dir / "checkpoint-4"
+    assert skipped == [
+        {
+            "checkpoint": "checkpoint-8",
+            "damage": f"its {CHECKPOINT_MANIFEST_FILE} is unreadable",
+            "moved_to": "damaged-checkpoint-8",
+        }
+    ]
+    assert (output_dir / "damaged-checkpoint-8" / CHECKPOINT_MANIFEST_FILE).read_text() == manifest
+    with pytest.raises(InputError, match="is unreadable; pass a complete checkpoint"):
+        resolve_resume_checkpoint(output_dir, str(output_dir / "damaged-checkpoint-8"), True)
+
+
+@pytest.mark.parametrize("summary", ["{}", "[]", '{"summary_version": 3}', "VERDICT_NUMBER"])
+def test_a_finished_run_whose_summary_has_the_wrong_shape_is_one_line(
+    run_with_checkpoints, tmp_path, capsys, summary
+):
+    argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=False)
+    if summary == "VERDICT_NUMBER":
+        summary = json.dumps({**read_summary(output_dir), "verdict": 1})
+    (output_dir / GPT_SUMMARY_FILE).write_text(summary)
+    assert main([*argv, "--resume_from_checkpoint", "auto"]) == 2
+    (error,) = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: ") and GPT_SUMMARY_FILE in error
+    assert (output_dir / GPT_SUMMARY_FILE).read_text() == summary
+
+
+class WritesAMarkerWhenUnpickled:
+    """A pickle that runs code: unpickling it writes the file it names."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "unpickled"))
+
+
+@pytest.mark.parametrize("name", ["optimizer.pt", "rng_state.pth", "training_args.bin"])
+def test_no_pickle_in_a_checkpoint_runs_as_code(run_with_checkpoints, tmp_path, caplog, name):
+    """A checkpoint without a manifest is judged by loading its files as Trainer resumes from
+    them: tensors (weights_only), never an object that runs code on loading."""
+    argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=True)
+    newest = list_checkpoints(output_dir)[0]
+    (newest / CHECKPOINT_MANIFEST_FILE).unlink()
+    marker = tmp_path / "marker"
+    torch.save(WritesAMarkerWhenUnpickled(marker), newest / name)
+    if name == "training_args.bin":  # Trainer never loads it: the checkpoint is adopted
+        assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
+        assert read_summary(output_dir)["resumed_from_step"] == checkpoint_global_step(newest)
+    else:
+        with caplog.at_level(logging.WARNING, logger="pretrain.checkpoints"):
+            resumed, skipped = resolve_resume_checkpoint(output_dir, "auto", is_main=True)
+        assert resumed != newest and skipped[0]["checkpoint"] == newest.name
+        assert "does not load (UnpicklingError: Weights only load failed" in skipped[0]["damage"]
+    assert not marker.exists()

@@ -34,7 +34,7 @@ import datasets
 
 from common.cli import InputError, RunFailed, signals_handled
 from common.corpus import CorpusArguments, corpus_fingerprint
-from common.files import atomic_dir, damage_in, exclusive_lock
+from common.files import atomic_dir, damage_in, exclusive_lock, read_manifest
 from common.run_contract import DOCUMENT_SPLIT_FILE, STOP_SIGNALS
 from common.tokenization import check_tokenizer_dir, load_tokenizer
 from pretrain.blocks.args import DataArguments
@@ -43,6 +43,8 @@ from pretrain.blocks.packing import PIPELINE_VERSION, STATS_FILE, build_blocks
 logger = logging.getLogger(__name__)
 
 CACHE_FOLDER_PREFIX = "blocks"
+# What a run reads of stats.json besides its files (pretrain/checkpoints.run_identity).
+STATS_KEY_TYPES = {"corpus_fingerprint": str, "tokenizer_files_sha256": str, "settings": dict}
 # The files that define a tokenizer (whichever of them a folder has); model weights saved in the
 # same folder do not change the token ids and are not hashed.
 TOKENIZER_FILE_NAMES = (
@@ -114,11 +116,10 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
 
 def cache_damage(folder: Path) -> str | None:
     """Why a cache folder no longer holds what was written into it, or None when it does."""
-    try:
-        recorded = read_stats(folder)["files"]
-    except (ValueError, KeyError):
+    stats = read_manifest(folder, STATS_FILE, STATS_KEY_TYPES)
+    if stats is None:
         return f"{STATS_FILE} is unreadable"
-    return damage_in(folder, recorded)
+    return damage_in(folder, stats["files"])
 
 
 def stop_on_termination(signum: int, frame) -> None:
