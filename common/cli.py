@@ -79,6 +79,16 @@ def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[...,
     return wrapper
 
 
+def exception_chain(err: BaseException) -> list[BaseException]:
+    """`err` and the exceptions it was raised from or during, innermost last."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = err
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
 @contextmanager
 def signals_handled(signals: tuple[signal.Signals, ...], handler: Callable) -> Iterator[bool]:
     """While the block runs, `handler` handles `signals`; yields whether it does (only the
@@ -101,8 +111,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise InputError(f"config file {path} does not exist; pass an existing YAML or JSON file")
     text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
+        if path.suffix == ".json":
+            data = json.loads(text, object_pairs_hook=_unique_keys)
+        else:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except (yaml.YAMLError, ValueError) as err:
         first_line = str(err).splitlines()[0]
         raise InputError(f"config file {path} is not valid YAML/JSON: {first_line}") from None
     if data is None:
@@ -110,6 +123,20 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"config file {path} must hold a mapping of option names to values")
     return data
+
+
+def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A mapping from its pairs; a key given twice (the last would silently win) is an error."""
+    keys = [key for key, _ in pairs]
+    if twice := [key for index, key in enumerate(keys) if key in keys[:index]]:
+        raise ValueError(f"the key {twice[0]!r} is given twice")
+    return dict(pairs)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        _unique_keys([(self.construct_object(key, deep), None) for key, _ in node.value])
+        return super().construct_mapping(node, deep)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -233,6 +260,22 @@ def command_line_parser(dataclass_types: Sequence[type], **options: Any) -> HfAr
     return CommandLineParser(list(dataclass_types), **options)
 
 
+def _type_mismatch(action: argparse.Action, value: Any) -> str | None:
+    """What an option of a number or a bool takes, when a config file's value is another type
+    (argparse converts and checks only strings: a list learning rate would reach the run)."""
+    for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
+        number = isinstance(item, int | float) and not isinstance(item, bool)
+        if item is None or isinstance(item, str):
+            continue
+        if action.type is int and not (number and isinstance(item, int)):
+            return "an integer"
+        if action.type is float and not number:
+            return "a number"
+        if getattr(action.type, "__name__", "") == "string_to_bool" and not isinstance(item, bool):
+            return "true or false"
+    return None
+
+
 def _describe_unknown_arguments(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
     """'unknown option --x (did you mean --y?)' for each unknown flag, else the stray values."""
     flags = [argument.split("=", 1)[0] for argument in unknown if argument.startswith("--")]
@@ -292,6 +335,10 @@ def apply_config_defaults(
             raise InputError(f"unknown option '{key}' in config file {source}{hint}")
         for action in actions_by_dest[key]:
             action.required = False
+            if expected := _type_mismatch(action, value):
+                raise InputError(
+                    f"option '{key}' in config file {source} is {value!r}; it takes {expected}"
+                )
             # argparse checks choices for command-line values only, never for defaults.
             if action.choices is not None and value is not None:
                 for item in value if isinstance(value, list) else [value]:

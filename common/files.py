@@ -156,14 +156,13 @@ def read_manifest(
     return manifest
 
 
-def sealed_folder_damage(folder: Path) -> str | None:
-    """Why a folder sealed by its manifest is not whole: its manifest unreadable, a file
+def sealed_folder_damage(folder: Path, name: str = CHECKPOINT_MANIFEST_FILE) -> str | None:
+    """Why a folder sealed by its manifest `name` is not whole: its manifest unreadable, a file
     missing, resized or changed. None when it is whole, or has no manifest (written before
     manifests existed)."""
-    manifest = read_manifest(folder)
+    manifest = read_manifest(folder, name)
     if manifest is None:
-        unreadable = (folder / CHECKPOINT_MANIFEST_FILE).exists()
-        return f"its {CHECKPOINT_MANIFEST_FILE} is unreadable" if unreadable else None
+        return f"its {name} is unreadable" if (folder / name).exists() else None
     return damage_in(folder, manifest["files"])
 
 

@@ -11,14 +11,16 @@ version checked.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import math
 import os
+import re
 import signal
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from common.cli import InputError
@@ -45,6 +47,9 @@ DOCUMENT_SPLIT_FILE = "document_split.json"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 STOP_GRACE_VARIABLE = "PRETRAIN_STOP_GRACE_SECONDS"
 MAX_STOP_GRACE_SECONDS = 86400  # a day; Slurm's --signal lead time is at most 65535 s
+# launch-pretraining's pid, which the processes it starts watch (`stop_with_launcher`).
+LAUNCHER_PID_VARIABLE = "PRETRAIN_LAUNCHER_PID"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 # run_summary.json carries its version; readers note an older one and refuse a newer one.
 # 3: one `verdict` (no `loss_below_threshold`, `diverged`); `time_budget`, `checkpoint_saves`,
@@ -145,7 +150,7 @@ def read_json_object(
     version_key: str | None = None,
     version: int | None = None,
     note: Callable[[str], None] = logger.warning,
-    key_types: Mapping[str, type | tuple[type, ...]] = MappingProxyType({}),
+    key_types: Mapping[str, type | tuple[type, ...]] | None = None,
 ) -> dict[str, Any]:
     """The JSON object in `path`, read strictly; any fault is one InputError naming the file.
 
@@ -163,7 +168,7 @@ def read_json_object(
         raise InputError(f"{path} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise InputError(f"{path} does not hold a JSON object")
-    for key, expected in key_types.items():
+    for key, expected in (key_types or {}).items():
         if data.get(key) is not None and not isinstance(data[key], expected):
             kind = type(data[key]).__name__
             raise InputError(f"{path} is damaged: its {key!r} is a {kind}, of another type")
@@ -207,14 +212,23 @@ def stop_grace_seconds() -> float:
     text = os.environ.get(STOP_GRACE_VARIABLE)
     if text is None:
         return math.inf
-    try:
-        grace = float(text)
-    except ValueError:
-        grace = math.nan
-    if not 0 < grace <= MAX_STOP_GRACE_SECONDS:  # NaN included
+    grace = float(text) if re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*", text) else 0
+    if not 0 < grace <= MAX_STOP_GRACE_SECONDS:
         raise InputError(
             f"{STOP_GRACE_VARIABLE}={text!r} is not a number of seconds above 0 and at most "
             f"{MAX_STOP_GRACE_SECONDS}; set it to the seconds a checkpoint save may take after "
             "a stop signal (default 60)"
         )
     return grace
+
+
+def stop_with_launcher() -> None:
+    """A process that launch-pretraining started gets SIGTERM (a stop: a checkpoint, then its
+    end) when the launcher dies, even by SIGKILL, which leaves no launcher to pass a signal
+    on: the kernel sends it (Linux's PR_SET_PDEATHSIG, through libc's public prctl)."""
+    launcher = os.environ.get(LAUNCHER_PID_VARIABLE)
+    if launcher is None or os.getppid() != int(launcher) or not sys.platform.startswith("linux"):
+        return  # not started by the launcher itself (plain python, or a worker's own child)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(launcher):  # the launcher died before the call
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -28,9 +28,12 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NamedTuple, get_type_hints
 
 import torch
+from huggingface_hub import get_token
+from huggingface_hub.constants import HF_HUB_OFFLINE
 from transformers import GPT2Config, PreTrainedTokenizerBase, TrainingArguments
 from transformers.activations import ACT2FN
 from transformers.hf_argparser import HfArg
+from transformers.integrations import get_available_reporting_integrations
 from transformers.utils.import_utils import enable_tf32
 
 from common.cli import InputError, parse_args
@@ -207,6 +210,19 @@ class PretrainTrainingArguments(TrainingArguments):
         super().__post_init__()
         if "tensorboard" not in self.report_to:
             self.report_to = [*self.report_to, "tensorboard"]
+        # Refused now, not as a traceback when Trainer starts: what needs the network or a
+        # package that is not there.
+        installed = get_available_reporting_integrations()
+        if missing := [name for name in self.report_to if name not in (*installed, "none")]:
+            raise InputError(
+                f"--report_to {', '.join(missing)} is not installed here (installed: "
+                f"{', '.join(installed)}); drop it: TensorBoard logs every run, offline"
+            )
+        if self.push_to_hub and (HF_HUB_OFFLINE or get_token() is None):
+            raise InputError(
+                "--push_to_hub needs the network and a Hugging Face token (huggingface-cli "
+                "login), and this machine is offline or has none; drop it and upload final/"
+            )
 
     @property
     def global_batch_blocks(self) -> int:

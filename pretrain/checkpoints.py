@@ -31,6 +31,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 from transformers import (
     GPT2Config,
+    GPT2LMHeadModel,
     TrainerCallback,
     TrainerControl,
     TrainerState,
@@ -117,8 +118,7 @@ def unsealed_checkpoint_damage(checkpoint_dir: Path) -> str | None:
                 with safe_open(str(path), "pt") as tensors:
                     tensors.keys()
             elif path.suffix in (".bin", ".pt", ".pth") and path.name != TRAINING_ARGS_NAME:
-                # As Trainer loads them to resume: tensors and numpy's RNG state, never code
-                # (it never loads its pickled arguments).
+                # As Trainer loads them to resume (never its pickled arguments): no code runs.
                 with safe_globals():
                     torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:  # noqa: BLE001 (each loader has its own errors for a bad file)
@@ -186,13 +186,9 @@ def identity_differences(
     version = saved.pop("identity_version", 1)
     current.pop("identity_version")
     if not isinstance(version, int) or version > IDENTITY_VERSION:
-        raise InputError(
-            f"the run identity {where} has version {version!r}, newer than the "
-            f"{IDENTITY_VERSION} this checkout reads; update the toolkit to resume it"
-        )
-    if version == 1 and saved.get("tokenizer") == tokenizer_files_digest(
-        tokenizer_dir, canonical_json=False
-    ):
+        raise InputError(f"the run identity {where} is of a newer release: update the toolkit")
+    legacy = tokenizer_files_digest(tokenizer_dir, canonical_json=False) if version == 1 else 0
+    if saved.get("tokenizer") == legacy:
         saved["tokenizer"] = current["tokenizer"]  # the same files, hashed the older way
 
     def shown(value: Any) -> str:
@@ -267,10 +263,7 @@ def check_same_run(
     if is_main and manifest.get("save_seconds") is not None:
         warn_if_longer_than_grace(manifest["save_seconds"], checkpoint)
     saved = manifest.get("run_identity")
-    if saved is None:
-        logger.warning(
-            "%s has no record of its run's settings: resuming it as this run", checkpoint
-        )
+    if saved is None:  # adopted: check_adopted_checkpoint says what could be checked
         return
     differences = identity_differences(saved, identity, tokenizer_dir)
     if differences:
@@ -279,6 +272,34 @@ def check_same_run(
             "resume it with the settings it was saved with, or start a new run in another "
             "--output_dir"
         )
+
+
+ADOPTED_LOSS_TOLERANCE = 0.5  # nats: a logging window's mean and a held-out batch differ
+
+
+@torch.no_grad()
+def check_adopted_checkpoint(checkpoint: Path, validation: Any) -> dict[str, Any] | None:
+    """For a checkpoint adopted without a manifest (its files never sealed, so damage to them
+    cannot be known), the one check possible, logged and returned for the summary: its
+    weights' loss on 4 validation blocks against its last logged loss. None when sealed."""
+    if not read_manifest(checkpoint).get("adopted"):
+        return None
+    state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE_NAME))
+    logged = next((e["loss"] for e in reversed(state.log_history) if "loss" in e), None)
+    model = GPT2LMHeadModel.from_pretrained(
+        str(checkpoint), local_files_only=True, trust_remote_code=False
+    )
+    batch = validation[:4]["input_ids"]
+    loss = model.eval()(input_ids=batch, labels=batch).loss.item()
+    consistent = logged is not None and abs(loss - logged) <= ADOPTED_LOSS_TOLERANCE
+    logger.warning(
+        "resuming from an unverified checkpoint: %s was adopted without a manifest; its weights' "
+        "loss on %d validation blocks is %.3f, its last logged loss %s: %s (tolerance %g nats)",
+        checkpoint.name, len(batch), loss, logged,
+        "consistent" if consistent else "INCONSISTENT, it may be damaged", ADOPTED_LOSS_TOLERANCE,
+    )  # fmt: skip
+    return {"checkpoint": checkpoint.name, "validation_batch_loss": loss, "logged_loss": logged,
+            "tolerance": ADOPTED_LOSS_TOLERANCE, "consistent": consistent}  # fmt: skip
 
 
 def warn_if_longer_than_grace(save_seconds: float, checkpoint_dir: Path) -> None:

@@ -30,7 +30,12 @@ from transformers.trainer_utils import sort_checkpoints
 
 from common import cli
 from common.files import read_manifest
-from common.run_contract import STOP_GRACE_VARIABLE, STOP_SIGNALS, stop_grace_seconds
+from common.run_contract import (
+    LAUNCHER_PID_VARIABLE,
+    STOP_GRACE_VARIABLE,
+    STOP_SIGNALS,
+    stop_grace_seconds,
+)
 from pretrain.device import mark_gpu_required
 
 ERRORS_LOG = "process_errors.log"  # in the run folder: what follows from our error line
@@ -156,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = run_folder(args.training_script_args)
     mark_gpu_required(args)
     os.environ.setdefault(STOP_GRACE_VARIABLE, "60")  # the processes warn against it too
+    os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())  # they stop when it dies
     stop = StopSignals(stop_grace_seconds(), run_dir)
     os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"  # SIGTERM, SIGUSR1: ours
     # torchrun's lines on a failure ("Sending process ... closing signal") say less than ours;

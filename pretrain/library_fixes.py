@@ -10,10 +10,15 @@ reads once, a model attribute, its log lines), each in one function below with i
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import inspect
 import logging
 import os
+import shutil
+import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +30,8 @@ from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, patch_environment
 from packaging.specifiers import SpecifierSet
 
-from common.cli import RunFailed
+from common.cli import RunFailed, exception_chain
+from common.files import exclusive_lock, file_digests, sealed_folder_damage, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -135,27 +141,59 @@ def trainer_creation_environment(log_dir: Path, regional_compilation: bool) -> I
         yield
 
 
-def use_compile_cache(folder: Path, explicit: bool) -> None:
+COMPILE_CACHE_MANIFEST = "compile_cache_manifest.json"
+NO_SPACE = os.strerror(errno.ENOSPC)  # in the C++ compiler's and linker's output too
+
+
+def use_compile_cache(folder: Path, explicit: bool) -> Path | None:
     """Keep torch.compile's generated code (inductor's FX graph and kernel caches, Triton's) in
     `folder`, read by inductor from TORCHINDUCTOR_CACHE_DIR and by Triton from TRITON_CACHE_DIR
     at the first compilation; by default a folder in /tmp, which every node and job of a
     cluster starts without. A variable the user set wins over a default `folder` (inductor
-    sets its own default into the environment when torch is imported)."""
+    sets its own default into the environment when torch is imported). The folder in use,
+    checked as the block cache is: one that no longer matches the manifest `compiled_once`
+    sealed is moved aside and compiled again; one not writable is skipped for torch's default
+    (None); each with one warning."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    for variable, path, library_default in (
-        ("TORCHINDUCTOR_CACHE_DIR", folder, os.path.abspath(default_cache_dir())),
+    library_default = os.path.abspath(default_cache_dir())
+    for variable, path, default in (
+        ("TORCHINDUCTOR_CACHE_DIR", folder, library_default),
         ("TRITON_CACHE_DIR", folder / "triton", None),
     ):
-        if explicit or os.environ.get(variable) in (None, library_default):
+        if explicit or os.environ.get(variable) in (None, default):
             os.environ[variable] = str(path.resolve())
+    folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with exclusive_lock(folder.parent / f".{folder.name}.lock", wait=True):
+            damage = sealed_folder_damage(folder, COMPILE_CACHE_MANIFEST)
+            if damage is not None:
+                aside = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+                folder.rename(aside)
+                folder.mkdir()
+                logger.warning(
+                    "compile cache %s is damaged (%s): moved to %s; compiling again",
+                    folder, damage, aside.name,
+                )  # fmt: skip
+        with tempfile.TemporaryFile(dir=folder):
+            return folder
+    except OSError as err:
+        logger.warning(
+            "compile cache %s cannot be written (%s): compiling with torch's default, %s",
+            folder, err.strerror, library_default,
+        )  # fmt: skip
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = library_default
+        os.environ.pop("TRITON_CACHE_DIR", None)
+        return None
 
 
 @contextmanager
-def compiled_once() -> Iterator[None]:
+def compiled_once(cache: Path | None = None) -> Iterator[None]:
     """While the block runs, dynamo reaching its recompile limit is one line (RunFailed, with
     dynamo's last reason) instead of five lines of warning and the rest of the run silently
-    eager (`fail_on_recompile_limit_hit`)."""
+    eager (`fail_on_recompile_limit_hit`); so is a compilation that fills the disk of the
+    compile `cache` (its linker output not logged). At the end the `cache` is sealed."""
     import torch._dynamo.config
 
     reasons: list[str] = []
@@ -166,12 +204,33 @@ def compiled_once() -> Iterator[None]:
         reasons.append(str(record.args[3]) if len(record.args) > 3 else "")
         return False
 
+    def drop_full_disk(record: logging.LogRecord) -> bool:  # the run ends on it in one line
+        return NO_SPACE not in logging.Formatter().format(record)
+
     dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
     dynamo_log.addFilter(keep_reason)
+    compile_log = logging.getLogger("torch._functorch._aot_autograd.graph_compile")
+    compile_log.addFilter(drop_full_disk)
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             yield
+        # Inductor writes each file by a rename (whole or absent); its lock files come and go.
+        # Unsealed (another run renaming a file meanwhile, a full disk), it is just not checked.
+        with contextlib.suppress(OSError):
+            if cache is not None:
+                files = file_digests(cache, skip=(COMPILE_CACHE_MANIFEST,)).items()
+                sealed = {name: entry for name, entry in files if not name.startswith("locks/")}
+                write_json_atomic(cache / COMPILE_CACHE_MANIFEST, {"files": sealed})
     except Exception as err:
+        chain = [f"{type(e).__module__} {e}" for e in exception_chain(err)]
+        compiling = any(text.startswith("torch._inductor") for text in chain)
+        if cache is not None and compiling and any(NO_SPACE in text for text in chain):
+            free = shutil.disk_usage(cache).free / 2**20
+            raise RunFailed(
+                f"cannot write torch.compile's code in {cache}: {NO_SPACE.lower()} "
+                f"({free:,.1f} MiB free); free space, or pass --compile_cache_dir on a "
+                "larger disk"
+            ) from err
         if not reasons:
             raise
         raise RunFailed(
@@ -180,6 +239,7 @@ def compiled_once() -> Iterator[None]:
         ) from err
     finally:
         dynamo_log.removeFilter(keep_reason)
+        compile_log.removeFilter(drop_full_disk)
 
 
 # Lines libraries log on every CPU run that say nothing about it, by logger: the run logs the

@@ -20,6 +20,7 @@ from common.cli import InputError
 logger = logging.getLogger(__name__)
 
 VOCAB_MULTIPLE = 128
+EMBEDDING_SHARE = 30  # GPT-2 117M's is 0.45, the tiny preset's with GPT-2's tokenizer 28
 
 
 class ModelPreset(NamedTuple):
@@ -76,6 +77,16 @@ def build_model_config(
             f"(ids up to {num_tokens - 1} would index past the embedding); "
             f"drop --vocab_size or pass at least {round_vocab_size(num_tokens)}"
         )
+    # The transformer's own parameters (about 12 d^2 a layer, and the positions) per
+    # embedding row: past EMBEDDING_SHARE times them the embedding is the model.
+    rest_per_row = 12 * preset.n_layer * preset.n_embd + preset.n_positions
+    if vocab_size > EMBEDDING_SHARE * rest_per_row:
+        logger.warning(
+            "a vocabulary of %s entries makes the embedding %.0fx the rest of preset '%s' "
+            "(%s parameters): memory and time go to it; preset '%s' suits up to about %s",
+            f"{vocab_size:,}", vocab_size / rest_per_row, preset_name,
+            f"{vocab_size * preset.n_embd:,}", preset_name, f"{EMBEDDING_SHARE * rest_per_row:,}",
+        )  # fmt: skip
     return GPT2Config(
         vocab_size=vocab_size,
         **preset._asdict(),

@@ -19,7 +19,12 @@ import datasets
 from transformers import GPT2Config, PreTrainedTokenizerBase
 
 from common.cli import InputError
-from common.run_contract import GPT_SUMMARY_FILE, read_gpt_summary, stop_grace_seconds
+from common.run_contract import (
+    GPT_SUMMARY_FILE,
+    read_gpt_summary,
+    stop_grace_seconds,
+    stop_with_launcher,
+)
 from common.tokenization import load_tokenizer
 from pretrain.args import PrecisionChoice, PretrainArguments, resolve_training_arguments
 from pretrain.batches import BlockSchedule
@@ -27,6 +32,7 @@ from pretrain.blocks.args import DataArguments
 from pretrain.blocks.cache import copy_document_split, load_blocks, prepare_blocks, read_stats
 from pretrain.checkpoints import (
     RESUME_AUTO,
+    check_adopted_checkpoint,
     check_same_run,
     checkpoint_global_step,
     identity_differences,
@@ -61,6 +67,8 @@ class RunPlan:
     skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)
     # The summary of this same run when it already finished in the folder (nothing to do).
     finished: dict[str, Any] | None = None
+    # The check of a checkpoint resumed without a manifest (check_adopted_checkpoint).
+    unverified_checkpoint: dict[str, Any] | None = None
     # Described once the model and the parallelism exist: every resolved option by dataclass
     # name with the model config, the model's size and FLOPs (pretrain.metrics), the whole
     # job's peak FLOP/s (one device's x devices), the strategy in force, speed settings.
@@ -92,6 +100,7 @@ def plan_run(
     """
     training_args, data_args = args.training, args.data
     stop_grace_seconds()  # refused now, not at the first checkpoint
+    stop_with_launcher()
     tokenizer = load_tokenizer(data_args.tokenizer_dir)
     model_config = args.model.model_config(tokenizer, data_args.block_size)
     for check in model_checks:
@@ -122,7 +131,7 @@ def plan_run(
         args, batch_blocks, count_train_blocks, trainer_loop
     )
     data = {"cache_dir": str(prepared["cache_dir"]), **read_stats(prepared["cache_dir"])}
-    identity = finished = None
+    identity = finished = unverified = None
     if trainer_loop:
         identity = run_identity(training_args, data, model_config, schedule)
         if finished_here:
@@ -134,6 +143,10 @@ def plan_run(
                 data_args.tokenizer_dir,
                 training_args.process_index == 0,
             )
+            if training_args.process_index == 0:
+                unverified = check_adopted_checkpoint(
+                    resume_checkpoint, prepared["blocks"]["validation"]
+                )
     return RunPlan(
         tokenizer,
         model_config,
@@ -149,6 +162,7 @@ def plan_run(
         run_identity=identity,
         skipped_checkpoints=skipped,
         finished=finished,
+        unverified_checkpoint=unverified,
     )
 
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from accelerate.utils import broadcast_object_list
 from transformers import Trainer, TrainingArguments
 
-from common.cli import InputError, RunFailed
+from common.cli import InputError, RunFailed, exception_chain
 from common.files import LOCK_FILE, LockHeld, exclusive_lock, read_manifest, replace_dir
 from common.run_contract import FINAL_MODEL_DIR
 from pretrain.checkpoints import RESUME_AUTO, list_checkpoints, seal_checkpoint
@@ -93,6 +93,8 @@ def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool)
     earlier = unfinished_saves(output_dir)
     try:
         yield
+    except RunFailed:  # already one line
+        raise
     except Exception as err:
         chain = exception_chain(err)
         peer_failure = next((e for e in chain if is_peer_failure(e)), None)
@@ -131,16 +133,6 @@ def is_peer_failure(err: BaseException) -> bool:
     return isinstance(err, dist.DistError) or (
         isinstance(err, RuntimeError) and any(text in str(err) for text in PEER_GONE)
     )
-
-
-def exception_chain(err: BaseException) -> list[BaseException]:
-    """`err` and the exceptions it was raised from or during, innermost last."""
-    chain: list[BaseException] = []
-    seen: BaseException | None = err
-    while seen is not None and seen not in chain:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    return chain
 
 
 def save_failure_cause(

@@ -170,11 +170,11 @@ class RunShell:
             use_chunked_loss(model)
         self.describe(model)
         budget.lap(TIME_MODEL)
+        compile_cache = None
         if training_args.torch_compile:
-            compile_cache = args.model.compile_cache_dir
-            use_compile_cache(
-                Path(compile_cache or Path(args.data.cache_dir) / "compile"),
-                explicit=bool(compile_cache),
+            asked = args.model.compile_cache_dir
+            compile_cache = use_compile_cache(
+                Path(asked or Path(args.data.cache_dir) / "compile"), explicit=bool(asked)
             )
         apply_library_fixes()
         self.clock = LoopClock(
@@ -187,7 +187,7 @@ class RunShell:
             plan.copy_document_split(self.output_dir)
         # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
         saves = failures_in_one_line(self.output_dir, 12 * plan.num_parameters, is_main)
-        with compiled_once(), saves if self.trainer_loop else nullcontext():
+        with saves if self.trainer_loop else nullcontext(), compiled_once(compile_cache):
             self.train()
             budget.lap(TIME_OTHER)  # the loop's own work after its last step
             stop = self.stop_on_signal

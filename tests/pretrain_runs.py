@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from transformers.trainer import TRAINER_STATE_NAME
 
 from common.run_contract import GPT_SUMMARY_FILE
@@ -81,3 +84,25 @@ def logged_losses(checkpoint_dir: Path) -> list[tuple[int, float]]:
     """(step, loss) of every training log entry in a checkpoint's trainer_state.json."""
     state = json.loads((checkpoint_dir / TRAINER_STATE_NAME).read_text())
     return [(entry["step"], entry["loss"]) for entry in state["log_history"] if "loss" in entry]
+
+
+@contextlib.contextmanager
+def small_disk(mount_point: Path, size: str, read_only_after=None):
+    """A real tmpfs of `size` at `mount_point` (mounting needs root; CI runs as root); with
+    `read_only_after`, that is called on it, then it is remounted read-only."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        if read_only_after is not None:
+            read_only_after(mount_point)
+            subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], check=True)
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)

@@ -123,6 +123,42 @@ def test_invalid_value_in_the_config_file_is_an_input_error(tmp_path):
         parse_args([ExampleArguments], ["--config", config])
 
 
+@dataclass
+class TypedArguments:
+    learning_rate: float = field(default=1.0e-3, metadata={"help": "Peak learning rate."})
+    batch_size: int = field(default=8, metadata={"help": "Blocks per step."})
+    shuffle: bool = field(default=True, metadata={"help": "Shuffle the data."})
+    corpus: list[str] = field(default_factory=list, metadata={"help": "Text files."})
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("learning_rate: [1.0e-3]", "'learning_rate' in config .* \\[0.001\\]; it takes a number"),
+        ("learning_rate: {peak: 1}", "'learning_rate' .* is \\{'peak': 1\\}; it takes a number"),
+        ("batch_size: 4.5", "'batch_size' in config file .* is 4.5; it takes an integer"),
+        ("batch_size: true", "'batch_size' in config file .* is True; it takes an integer"),
+        ("shuffle: 1", "'shuffle' in config file .* is 1; it takes true or false"),
+        ("batch_size: 4\nbatch_size: 8", "YAML/JSON: the key 'batch_size' is given twice"),
+    ],
+)  # fmt: skip
+def test_a_config_value_of_the_wrong_type_or_a_key_given_twice_is_an_input_error(
+    tmp_path, line, message
+):
+    config = write(tmp_path, "c.yaml", line.replace("\\n", "\n") + "\n")
+    with pytest.raises(InputError, match=message):
+        parse_args([TypedArguments], ["--config", config])
+
+
+def test_a_json_config_with_a_key_given_twice_is_an_input_error(tmp_path):
+    config = write(tmp_path, "c.json", '{"batch_size": 4, "batch_size": 8}')
+    with pytest.raises(InputError, match="the key 'batch_size' is given twice"):
+        parse_args([TypedArguments], ["--config", config])
+    config = write(tmp_path, "c.yaml", "learning_rate: 1\nbatch_size: '4'\ncorpus: [a, b]\n")
+    (args,) = parse_args([TypedArguments], ["--config", config])
+    assert (args.learning_rate, args.batch_size, args.corpus) == (1, 4, ["a", "b"])
+
+
 def test_extra_arguments_come_back_in_a_namespace():
     # The report's positional run folders next to its option dataclass.
     parser = command_line_parser([ExampleArguments], prog="report")

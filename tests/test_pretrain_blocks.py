@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from pretrain_runs import REPO_ROOT, run_script_command, subprocess_env, tiny_run_argv
+from pretrain_runs import REPO_ROOT, run_script_command, small_disk, subprocess_env, tiny_run_argv
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -613,24 +613,6 @@ def test_sigterm_while_preparing_stops_at_once_and_keeps_nothing(tiny_tokenizer_
     assert "stopped by SIGTERM while preparing blocks; nothing was kept" in stderr
     # Nothing kept, not even the unfinished folder: at most the lock file the kernel released.
     assert [path.name for path in cache_dir.iterdir() if not path.name.endswith(".lock")] == []
-
-
-@contextlib.contextmanager
-def small_disk(mount_point: Path, size: str):
-    """A real tmpfs of `size` at `mount_point` (mounting needs root; CI runs as root)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
 
 
 @pytest.mark.system

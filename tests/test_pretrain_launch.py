@@ -256,3 +256,24 @@ def test_a_bad_grace_period_is_one_line_and_exit_2_with_or_without_the_launcher(
         "86400; set it to the seconds a checkpoint save may take after a stop signal (default 60)"
     ]
     assert not run_dir.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_processes_of_a_launcher_killed_by_sigkill_stop_within_seconds(data_paths, tmp_path):
+    """kill -9 of launch-pretraining leaves no one to pass a signal on: the kernel sends each
+    process SIGTERM (PR_SET_PDEATHSIG), and they save a checkpoint and stop, instead of
+    training on unsupervised with the run folder's lock held."""
+    run_dir = tmp_path / "run"
+    launcher = launch(data_paths, run_dir, num_processes=2)
+    step_before = wait_for_training(launcher, run_dir)
+    workers = psutil.Process(launcher.pid).children()
+    assert len(workers) == 2
+    launcher.kill()
+    launcher.communicate(timeout=60)
+    _, alive = psutil.wait_procs(workers, timeout=60)
+    stopped_late = [worker for worker in alive if worker.status() != psutil.STATUS_ZOMBIE]
+    for worker in stopped_late:
+        worker.kill()
+    assert not stopped_late, "processes still running a minute after their launcher died"
+    assert checkpoint_global_step(newest_whole_checkpoint(run_dir)) > step_before

@@ -3,6 +3,8 @@ the 117M preset on CPU."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config, Trainer, TrainingArguments
@@ -117,3 +119,17 @@ def test_trainer_reports_the_models_own_mean_loss(tokenizer, tmp_path):
     trainer.train()
     logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert logged == [pytest.approx(expected, abs=1e-3)]
+
+
+def test_a_vocabulary_far_past_what_the_preset_is_meant_for_is_warned_in_one_line(
+    tokenizer, caplog
+):
+    """A tokenizer of 3,000,000 entries made a 'tiny' model of 192M parameters, silently."""
+    with caplog.at_level(logging.WARNING, logger="pretrain.model"):
+        build_model_config("gpt2-117m", tokenizer, 1024, vocab_size=50304)
+        build_model_config("tiny", tokenizer, 64, vocab_size=2048)
+        assert not caplog.records
+        build_model_config("tiny", tokenizer, 64, vocab_size=3_000_000)
+    (warning,) = caplog.messages
+    assert warning.startswith("a vocabulary of 3,000,000 entries makes the embedding 1674x the")
+    assert "preset 'tiny' suits up to about 53,760" in warning

@@ -311,7 +311,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_whole_one(
 
 
 def test_checkpoints_without_manifests_that_load_are_adopted_never_deleted(
-    run_with_checkpoints, tmp_path, caplog
+    run_with_checkpoints, tmp_path, caplog, capsys
 ):
     """Checkpoints written by plain transformers (or before manifests existed) are verified by
     loading them, sealed now, and resumed from."""
@@ -326,6 +326,18 @@ def test_checkpoints_without_manifests_that_load_are_adopted_never_deleted(
     assert summary["resumed_from_step"] == checkpoint_global_step(checkpoints[0])
     assert summary["skipped_checkpoints"] == []
     assert all(checkpoint.is_dir() for checkpoint in checkpoints[1:])
+    # Its files were never sealed: the run says so, with the one check that was possible.
+    assert f"resuming from an unverified checkpoint: {checkpoints[0].name} was adopted" in (
+        caplog.text
+    )
+    unverified = summary["unverified_checkpoint"]
+    assert unverified["checkpoint"] == checkpoints[0].name
+    assert unverified["logged_loss"] == logged_losses(checkpoints[0])[-1][1]
+    assert abs(unverified["validation_batch_loss"] - unverified["logged_loss"]) <= 0.5
+    assert unverified["consistent"] and unverified["tolerance"] == 0.5
+    assert (
+        f"resumed from an unverified checkpoint ({checkpoints[0].name})" in capsys.readouterr().out
+    )
 
 
 def test_resuming_a_finished_run_with_other_settings_is_refused_naming_them(

@@ -4,6 +4,7 @@ and the one-line errors for bad input."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +27,7 @@ from pretrain_runs import (
     read_summary,
     run_script_command,
     shared_data_paths,
+    small_disk,
     subprocess_env,
     tiny_run_argv,
 )
@@ -32,6 +35,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.cli import InputError
+from common.files import file_digests, sealed_folder_damage
 from common.run_contract import (
     CHECKPOINT_MANIFEST_FILE,
     DOCUMENT_SPLIT_FILE,
@@ -49,6 +53,7 @@ from common.run_contract import (
     TRAIN_LOSS,
 )
 from pretrain import generate
+from pretrain.library_fixes import COMPILE_CACHE_MANIFEST, use_compile_cache
 from pretrain.run import main, parse_pretrain_args
 from report.build import write_report
 
@@ -271,6 +276,9 @@ def test_unknown_config_key_is_rejected(tmp_path):
         ({"max_train_tokens": 100}, "less than one global batch of 256 tokens"),
         ({"corpus": "/no/such/corpus.txt"}, "/no/such/corpus.txt"),
         ({"resume_from_checkpoint": "/no/checkpoint-3"}, "cannot be resumed from: it does not"),
+        # Options that need the network or a package not installed: refused before any work.
+        ({"report_to": "wandb"}, "--report_to wandb is not installed here"),
+        ({"push_to_hub": "true"}, "--push_to_hub needs the network and a Hugging Face token"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(data_paths, tmp_path, capsys, flags, message):
@@ -364,21 +372,12 @@ def test_a_second_run_into_a_folder_in_use_is_refused_naming_the_first(data_path
 
 
 @pytest.mark.system
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_a_full_disk_while_saving_is_one_line_and_leaves_no_checkpoint_looking_whole(
     data_paths, tmp_path
 ):
     """The run folder on a real 1 MiB tmpfs: the logs fit, the first checkpoint does not."""
-    mount_point = tmp_path / "small_disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        output_dir = mount_point / "run"
+    with small_disk(tmp_path / "small_disk", "1m") as disk:
+        output_dir = disk / "run"
         argv = tiny_run_argv(**data_paths, output_dir=output_dir, save_steps=4)
         finished = subprocess.run(
             run_script_command(argv), env=subprocess_env(), capture_output=True, text=True
@@ -390,8 +389,6 @@ def test_a_full_disk_while_saving_is_one_line_and_leaves_no_checkpoint_looking_w
         assert list(output_dir.glob("checkpoint-*")) == []  # the unfinished one was removed
         assert not (output_dir / FINAL_MODEL_DIR).exists()
         assert not (output_dir / GPT_SUMMARY_FILE).exists()
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
 
 
 @pytest.mark.slow
@@ -483,3 +480,110 @@ def test_a_survivor_whose_peer_died_says_so_never_free_space(tmp_path):
     assert "RunFailed: another process of this run stopped" in stderr, stderr[-2000:]
     assert "free space" not in stderr
     assert not (tmp_path / "checkpoint-4").exists()  # this run's unfinished save: removed
+
+
+# --- The compile cache: damaged, read-only, on a full disk ----------------------------------
+
+
+def compiled_run(data_paths: dict, output_dir: Path, cache: Path) -> subprocess.CompletedProcess:
+    """A tiny compiled run (8 steps) keeping its code in `cache`, as a child process (the
+    cache's environment variables stay there)."""
+    argv = tiny_run_argv(
+        **data_paths, output_dir=output_dir, num_blocks=32, torch_compile="true",
+        compile_cache_dir=cache,
+    )  # fmt: skip
+    return subprocess.run(
+        run_script_command(argv), env=subprocess_env(), capture_output=True, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def warm_compile_cache(data_paths, tmp_path_factory):
+    """A compile cache a finished run sealed, and that run's summary."""
+    root = tmp_path_factory.mktemp("compile")
+    finished = compiled_run(data_paths, root / "run", root / "cache")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert (root / "cache" / COMPILE_CACHE_MANIFEST).is_file()
+    return root / "cache", read_summary(root / "run")
+
+
+def damage_compile_cache(cache: Path) -> list[str]:
+    """A NUL byte after every generated Python file, random bytes over one kernel library of
+    the same size: the two damages that made compiling fail with a 170-line traceback."""
+    python_files = sorted(cache.rglob("*.py"))
+    for path in python_files:
+        path.write_bytes(path.read_bytes() + b"\0")
+    library = sorted(cache.rglob("*.so"))[0]
+    library.write_bytes(os.urandom(library.stat().st_size))
+    return [path.relative_to(cache).as_posix() for path in [*python_files, library]]
+
+
+@pytest.mark.parametrize("damage", ["nul", "random"])
+def test_each_damage_to_a_sealed_compile_cache_is_found(warm_compile_cache, tmp_path, damage):
+    cache = tmp_path / "cache"
+    shutil.copytree(warm_compile_cache[0], cache)
+    assert sealed_folder_damage(cache, COMPILE_CACHE_MANIFEST) is None
+    path = sorted(cache.rglob("*.py" if damage == "nul" else "*.so"))[0]
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes() + b"\0" if damage == "nul" else os.urandom(size))
+    found = sealed_folder_damage(cache, COMPILE_CACHE_MANIFEST)
+    changed = "changed since it was written" if damage == "random" else f"{size + 1:,} bytes"
+    assert found.startswith(path.relative_to(cache).as_posix()) and changed in found
+
+
+@pytest.mark.slow
+def test_a_damaged_compile_cache_is_moved_aside_and_compiled_again(
+    data_paths, warm_compile_cache, tmp_path
+):
+    cache = tmp_path / "cache"
+    shutil.copytree(warm_compile_cache[0], cache)
+    damaged = damage_compile_cache(cache)
+    finished = compiled_run(data_paths, tmp_path / "run", cache)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "Traceback" not in finished.stderr
+    (warning,) = [line for line in finished.stderr.splitlines() if "is damaged" in line]
+    (aside,) = tmp_path.glob("cache.damaged-*")
+    assert f"compile cache {cache} is damaged ({damaged[0]} has" in warning
+    assert warning.endswith(f"moved to {aside.name}; compiling again")
+    assert all((aside / name).is_file() for name in damaged)  # set aside, not deleted
+    assert read_summary(tmp_path / "run")["final_loss"] == pytest.approx(
+        warm_compile_cache[1]["final_loss"], rel=1e-4
+    )
+    assert sealed_folder_damage(cache, COMPILE_CACHE_MANIFEST) is None  # sealed again
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("warm", [False, True], ids=["empty", "warm"])
+def test_a_read_only_compile_cache_is_skipped_in_one_warning(
+    warm_compile_cache, tmp_path, monkeypatch, caplog, warm
+):
+    """A read-only folder (a cache shared read-only, a full quota) made inductor fail with
+    'Read-only file system'; it is skipped for torch's default folder, untouched."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    fill = (lambda disk: shutil.copytree(warm_compile_cache[0], disk / "cache")) if warm else None
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
+    monkeypatch.setenv("TRITON_CACHE_DIR", "unset by the test")
+    with small_disk(tmp_path / "disk", "64m", read_only_after=fill) as disk:
+        before = file_digests(disk)
+        with caplog.at_level(logging.WARNING, logger="pretrain.library_fixes"):
+            assert use_compile_cache(disk / "cache", explicit=True) is None
+        assert file_digests(disk) == before
+    (warning,) = caplog.messages
+    assert warning.startswith(f"compile cache {disk / 'cache'} cannot be written (Read-only")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.abspath(default_cache_dir())
+    assert "TRITON_CACHE_DIR" not in os.environ
+
+
+@pytest.mark.system
+def test_a_full_disk_while_compiling_is_one_line_and_exit_3(data_paths, tmp_path):
+    """Was 1,246 lines of linker errors and a traceback, exit 1."""
+    with small_disk(tmp_path / "small_disk", "1m") as disk:
+        finished = compiled_run(data_paths, tmp_path / "run", disk / "cache")
+    assert finished.returncode == 3, finished.stderr[-3000:]
+    assert "Traceback" not in finished.stderr and "/usr/bin/ld" not in finished.stderr
+    (error,) = [line for line in finished.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(
+        f"error: cannot write torch.compile's code in {disk / 'cache'}: no space left on device"
+    )
+    assert len(finished.stderr.splitlines()) < 40

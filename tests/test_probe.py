@@ -18,6 +18,7 @@ from labelled_wos import python_reference_documents, write_labelled_wos
 from pretrain_runs import TINY_CONFIG, shared_data_paths, tiny_run_argv
 
 from common.run_contract import (
+    CHECKPOINT_MANIFEST_FILE,
     GPT_SUMMARY_FILE,
     PROBE_CURVE_POINT_KEYS,
     PROBE_METHOD_REQUIRED_KEYS,
@@ -245,9 +246,27 @@ def test_weights_under_other_names_are_refused_not_replaced_by_random_ones(
     weights = load_file(final / "model.safetensors")
     renamed = {name.replace(".h.", ".blocks."): tensor for name, tensor in weights.items()}
     save_file(renamed, final / "model.safetensors", metadata={"format": "pt"})
+    # Sealed by its manifest, the folder is damaged; a model saved elsewhere has none.
+    with pytest.raises(InputError, match=r"is damaged: model.safetensors has [\d,]+ bytes"):
+        load_transformer(final)
+    (final / CHECKPOINT_MANIFEST_FILE).unlink()
     with pytest.raises(InputError, match=r"lacks \d+ of the transformer's weights"):
         load_transformer(final)
     assert load_transformer(pretrained_run / "final").config.n_layer == 2
+
+
+def test_a_truncated_checkpoint_is_one_line_not_a_safetensors_traceback(pretrained_run, tmp_path):
+    from common.cli import InputError
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(pretrained_run / "final", checkpoint)
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(InputError, match="is damaged: model.safetensors has 1,000 bytes"):
+        load_transformer(checkpoint)
+    (checkpoint / CHECKPOINT_MANIFEST_FILE).unlink()  # as plain transformers saves one
+    with pytest.raises(InputError, match="holds no loadable GPT-2 weights"):
+        load_transformer(checkpoint)
 
 
 def test_max_length_above_the_pretraining_block_size_is_one_line(
