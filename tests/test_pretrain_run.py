@@ -561,7 +561,10 @@ def test_a_read_only_compile_cache_is_skipped_in_one_warning(
     'Read-only file system'; it is skipped for torch's default folder, untouched."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    fill = (lambda disk: shutil.copytree(warm_compile_cache[0], disk / "cache")) if warm else None
+    def fill(disk: Path) -> None:  # then remounted read-only
+        if warm:
+            shutil.copytree(warm_compile_cache[0], disk / "cache")
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
     monkeypatch.setenv("TRITON_CACHE_DIR", "unset by the test")
     with small_disk(tmp_path / "disk", "64m", read_only_after=fill) as disk:
