@@ -212,12 +212,15 @@ def test_run_folder_is_the_output_dir_flag_else_the_config_files():
     assert run_folder(["--config", "missing.yaml"]) is None
 
 
+SEALED = '{"files": {}}'  # a manifest of no files: sealed, as far as the launcher looks
+
+
 def test_the_newest_complete_checkpoint_is_the_highest_sealed_step(tmp_path):
     folders = {"checkpoint-8": True, "checkpoint-12": False, "damaged-checkpoint-16": True}
     for name, sealed in folders.items():
         (tmp_path / name).mkdir()
         if sealed:
-            (tmp_path / name / CHECKPOINT_MANIFEST_FILE).write_text("{}")
+            (tmp_path / name / CHECKPOINT_MANIFEST_FILE).write_text(SEALED)
     # checkpoint-12 has no manifest yet; a checkpoint moved aside is not a checkpoint folder.
     assert newest_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-8"
     assert newest_complete_checkpoint(None) is None
@@ -235,7 +238,7 @@ def test_a_stop_that_saved_no_new_checkpoint_is_a_failed_run_not_one_to_requeue(
     code, error = outcome({0: 138, 1: 138}, stop)
     assert code == 3 and "SIGUSR1 stopped the run unsaved: it came before training began" in error
     (tmp_path / "checkpoint-4").mkdir()
-    (tmp_path / "checkpoint-4" / CHECKPOINT_MANIFEST_FILE).write_text("{}")
+    (tmp_path / "checkpoint-4" / CHECKPOINT_MANIFEST_FILE).write_text(SEALED)
     assert outcome({0: 138, 1: 138}, stop) == (138, None)
 
 
