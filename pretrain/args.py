@@ -42,6 +42,7 @@ from pretrain.batches import BlockSchedule
 from pretrain.blocks.args import DataArguments
 from pretrain.loss import LOSS_IMPLEMENTATIONS
 from pretrain.model import PRESETS, build_model_config
+from pretrain.optim import MuonArguments
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +239,7 @@ class PretrainArguments(NamedTuple):
     data: DataArguments
     report: ReportArguments
     training: PretrainTrainingArguments
+    optimizer: MuonArguments
 
     def to_dict(self, *extra: Any) -> dict[str, dict[str, Any]]:
         """The resolved values, keyed by dataclass name (TrainingArguments hides secrets), the
@@ -245,6 +247,7 @@ class PretrainArguments(NamedTuple):
         return {
             type(arguments).__name__: dataclasses.asdict(arguments)
             for arguments in (*extra, self.model, self.corpus, self.data, self.report)
+            + (self.optimizer,)
         } | {"TrainingArguments": self.training.to_dict()}
 
     @classmethod

@@ -134,6 +134,7 @@ def plan_run(
     identity = finished = unverified = None
     if trainer_loop:
         identity = run_identity(training_args, data, model_config, schedule)
+        identity |= args.optimizer.identity()
         if finished_here:
             finished = check_finished_run(output_dir, identity, data_args.tokenizer_dir)
         if resume_checkpoint is not None:

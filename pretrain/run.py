@@ -21,6 +21,7 @@ from transformers import GPT2LMHeadModel, Trainer
 
 from pretrain.batches import collate_blocks
 from pretrain.metrics import clock_trainer
+from pretrain.optim import check_muon_fits, muon_optimizer
 from pretrain.parallel.strategy import (
     Strategy,
     check_request_fits_device,
@@ -50,6 +51,7 @@ class TrainerRun(RunShell):
         # Read before Trainer exists: its Accelerator rewrites the launcher's variables.
         self.request = requested_strategy(self.training_args)
         check_request_fits_device(self.request, self.training_args.device)
+        check_muon_fits(self.args.optimizer, self.request)
 
     def build(self, model: GPT2LMHeadModel) -> tuple[Strategy, str]:
         plan = self.plan
@@ -61,6 +63,7 @@ class TrainerRun(RunShell):
             data_collator=collate_blocks,
             processing_class=plan.tokenizer,
             callbacks=[self.stop_on_signal, self.divergence, self.manifests],
+            optimizers=(muon_optimizer(model, self.training_args, self.args.optimizer), None),
         )
         # From here accelerate has set up the processes, devices and precision it will train with.
         accelerator_state = str(trainer.accelerator.state)

@@ -52,6 +52,7 @@ from transformers import (
 )
 from transformers.hf_argparser import HfArg
 
+from common.cli import InputError
 from common.run_contract import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, TRAIN_LOSS
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
@@ -158,6 +159,8 @@ class ModelParallelRun(RunShell):
 
     def check_launch(self) -> None:
         (self.parallel,) = self.options
+        if self.args.optimizer.muon:
+            raise InputError("--muon trains under pretrain/run.py only: here pass --muon false")
         check_model_parallel_launch(self.parallel.strategy, self.training_args)
 
     def check_model(self, config: GPT2Config) -> None:

@@ -34,10 +34,13 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
     return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
 
 
-def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_paths, tmp_path):
+@pytest.mark.parametrize("optimizer", [{}, {"muon": "true"}], ids=["adamw", "muon"])
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(
+    optimizer, data_paths, tmp_path
+):
     single_dir, ddp_dir = tmp_path / "single", tmp_path / "ddp"
     # 17 validation blocks: on two processes the last evaluation batch is padded with a repeat.
-    split = {"validation_fraction": 0.03}
+    split = {"validation_fraction": 0.03, **optimizer}
     argv = tiny_run_argv(**data_paths, output_dir=single_dir, num_blocks=NUM_BLOCKS, **split)
     assert main(argv) == 0
 
@@ -72,10 +75,16 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_pat
     )
     assert single["data"]["splits"]["validation"]["num_blocks"] == 17
     assert ddp["eval_loss"] == pytest.approx(single["eval_loss"], abs=1e-4)
+    assert ddp["config"]["MuonArguments"]["muon"] is bool(optimizer)
     single_weights = load_file(single_dir / "final" / "model.safetensors")
     ddp_weights = load_file(ddp_dir / "final" / "model.safetensors")
     for name, weight in single_weights.items():
-        torch.testing.assert_close(ddp_weights[name], weight, atol=2e-4, rtol=1e-3)
+        if optimizer:
+            # Muon orthogonalises in bf16, where sums added in another order round apart: one
+            # process accumulating two halves of each batch ends as far away (up to 2.6%).
+            assert (ddp_weights[name] - weight).norm() <= 0.05 * weight.norm(), name
+        else:
+            torch.testing.assert_close(ddp_weights[name], weight, atol=2e-4, rtol=1e-3)
 
 
 def test_processes_that_do_not_join_one_training_are_refused(data_paths, tmp_path):

@@ -222,6 +222,42 @@ def test_resume_after_sigkill_continues_from_the_last_complete_checkpoint(data_p
     assert [value for _, value in curve] == pytest.approx([loss for _, loss in final_state_losses])
 
 
+@pytest.mark.multiprocess
+def test_a_muon_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_loss(
+    data_paths, tmp_path
+):
+    """The optimizer's whole state (Muon's momentum, AdamW's moments, every group's schedule)
+    is in the checkpoint: the resumed run ends exactly where the uninterrupted one does."""
+    options = {"muon": "true", "save_steps": SAVE_STEPS, "save_total_limit": NUM_STEPS}
+    uninterrupted = tmp_path / "uninterrupted"
+    argv = tiny_run_argv(**data_paths, output_dir=uninterrupted, num_blocks=NUM_BLOCKS, **options)
+    assert main(argv) == 0
+    output_dir = tmp_path / "run"
+    argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS, **options)
+    process = subprocess.Popen(
+        run_script_command(argv), env=subprocess_env(), stdout=subprocess.DEVNULL, text=True
+    )
+    try:
+        wait_for_complete_checkpoint(output_dir, process, min_step=SAVE_STEPS)
+        process.kill()
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL
+    checkpoint = list_checkpoints(output_dir)[0]
+    state = torch.load(checkpoint / "optimizer.pt", weights_only=True)["state"]
+    assert sum("momentum_buffer" in s for s in state.values()) == 8  # 4 matrices x 2 layers
+    assert sum("exp_avg" in s for s in state.values()) == len(state) - 8
+
+    assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
+    resumed, reference = read_summary(output_dir), read_summary(uninterrupted)
+    assert SAVE_STEPS <= resumed["resumed_from_step"] < NUM_STEPS
+    assert resumed["eval_loss"] == pytest.approx(reference["eval_loss"], abs=1e-6)
+    curve = dict(logged_losses(output_dir / f"checkpoint-{NUM_STEPS}"))
+    assert curve == pytest.approx(dict(logged_losses(uninterrupted / f"checkpoint-{NUM_STEPS}")))
+
+
 @pytest.fixture(scope="module")
 def run_with_checkpoints(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
     """A finished tiny run that kept a checkpoint every SAVE_STEPS steps; tests copy it."""

@@ -1,0 +1,168 @@
+"""Muon for GPT-2's hidden matrices and AdamW for the rest, as one optimizer Trainer owns.
+
+`torch.optim.Muon` (Jordan et al. 2024, "Muon: An optimizer for hidden layers") orthogonalises
+each matrix's momentum by a Newton-Schulz iteration; it is meant for the attention and MLP
+matrices only, so the tied token embedding / head, the position embeddings, the LayerNorms and
+the biases stay with --optim (AdamW). transformers' --optim names no Muon (5.24), hence
+`MuonArguments`. `MuonWithAdamW` is one torch Optimizer over both: Trainer's scheduler sets
+every group's rate, its clipping and accumulation apply, and its checkpoints hold both states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, Trainer, TrainingArguments
+from transformers.hf_argparser import HfArg
+from transformers.pytorch_utils import Conv1D
+
+from common.cli import InputError
+from pretrain.parallel.strategy import DATA_PARALLEL, SINGLE_PROCESS, Request
+
+
+@dataclass
+class MuonArguments:
+    """Muon (torch.optim.Muon) for the attention and MLP matrices."""
+
+    muon: bool = HfArg(
+        default=False,
+        help="Train the attention and MLP matrices with Muon; --optim (AdamW) and its flags "
+        "keep the embeddings, LayerNorms and biases. One process or DDP.",
+    )
+    muon_learning_rate: float = HfArg(
+        default=0.02,
+        help="Muon's peak rate, times sqrt(max(1, out/in)) per matrix (Keller Jordan's and "
+        "nanochat's rule); the --lr_scheduler_type schedule applies to it too.",
+    )
+    muon_momentum: float = HfArg(default=0.95, help="Muon's Nesterov momentum.")
+    muon_weight_decay: float = HfArg(
+        default=0.0, help="Muon's decoupled weight decay of the matrices (AdamW's: --weight_decay)."
+    )
+    muon_ns_steps: int = HfArg(default=5, help="Newton-Schulz iterations per Muon step.")
+    embedding_learning_rate: float | None = HfArg(
+        default=None,
+        help="With --muon: AdamW's peak rate for the tied token embedding / head and the "
+        "position embeddings (default --learning_rate, which LayerNorms and biases keep).",
+    )
+
+    def __post_init__(self) -> None:
+        rates = (self.muon_learning_rate, self.muon_weight_decay, self.embedding_learning_rate)
+        if min(value or 0 for value in rates) < 0 or self.muon_ns_steps < 0:
+            raise InputError(
+                "--muon_learning_rate, --muon_weight_decay, --embedding_learning_rate and "
+                "--muon_ns_steps must be >= 0"
+            )
+        if not 0 <= self.muon_momentum < 1:
+            raise InputError(f"--muon_momentum {self.muon_momentum} must be in [0, 1), e.g. 0.95")
+
+    def identity(self) -> dict:
+        """What a checkpoint of a Muon run must share with the run that resumes it."""
+        return {"muon": dataclasses.asdict(self)} if self.muon else {}
+
+
+def check_muon_fits(muon_args: MuonArguments, request: Request) -> None:
+    """Refuse Muon where it cannot run as asked: a torch without it, sharded strategies (Muon
+    must see each matrix whole, FSDP and ZeRO hand the optimizer shards or flat buffers)."""
+    if not muon_args.muon:
+        return
+    if not hasattr(torch.optim, "Muon"):
+        raise InputError(f"--muon needs torch.optim.Muon (torch 2.9+); this is {torch.__version__}")
+    if request.distributed_type not in (SINGLE_PROCESS, DATA_PARALLEL):
+        raise InputError(
+            f"--muon trains with one process or DDP, not {request.distributed_type}: Muon needs "
+            "every matrix whole; drop the FSDP/DeepSpeed config or --muon"
+        )
+
+
+def hidden_matrices(model: PreTrainedModel) -> dict[nn.Parameter, tuple[int, int]]:
+    """The 2-D weights of the transformer blocks, each with its (out, in) shape: GPT-2's Conv1D
+    stores (in, out), nn.Linear (out, in); the tied output head is the input embedding."""
+    head = model.get_output_embeddings()
+    matrices = {}
+    for module in model.modules():
+        if isinstance(module, Conv1D):
+            matrices[module.weight] = (module.nf, module.weight.shape[0])
+        elif isinstance(module, nn.Linear) and module is not head:
+            matrices[module.weight] = tuple(module.weight.shape)
+    return matrices
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch's Muon over `muon_groups` and `adamw_cls` (AdamW) over `adamw_groups`, as one
+    optimizer: its param groups (AdamW's first) and state are theirs, so schedulers, clipping
+    and state_dict() see one optimizer."""
+
+    def __init__(self, muon_groups, adamw_groups, adamw_cls, adamw_kwargs, **muon_kwargs) -> None:
+        self.adamw = adamw_cls(adamw_groups, **adamw_kwargs)
+        self.muon = torch.optim.Muon(muon_groups, **muon_kwargs)
+        super().__init__([*self.adamw.param_groups, *self.muon.param_groups], {})
+        self._share_groups_and_state()
+
+    def _share_groups_and_state(self) -> None:
+        split = len(self.adamw.param_groups)
+        self.adamw.param_groups, self.muon.param_groups = (
+            self.param_groups[:split],
+            self.param_groups[split:],
+        )
+        self.adamw.state = self.muon.state = self.state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # new group and state objects: share them again
+        self._share_groups_and_state()
+
+    def step(self, closure=None) -> None:
+        if closure is not None:
+            raise ValueError("MuonWithAdamW takes no closure")
+        self.adamw.step()
+        self.muon.step()
+
+
+def muon_optimizer(
+    model: PreTrainedModel, training_args: TrainingArguments, muon_args: MuonArguments
+) -> MuonWithAdamW | None:
+    """The optimizer `muon_args` ask for, or None (Trainer then builds --optim's itself)."""
+    if not muon_args.muon:
+        return None
+    matrices = hidden_matrices(model)
+    # torch's Muon scales a step by sqrt(max(1, rows / columns)) of the tensor as stored; each
+    # group's rate carries the true (out, in) shape's factor over the stored one's, its decay
+    # the inverse (torch decays by rate x decay): what nanochat's nn.Linear matrices get.
+    by_factor: dict[float, list[nn.Parameter]] = {}
+    for matrix, (out_features, in_features) in matrices.items():
+        rows, columns = matrix.shape
+        factor = math.sqrt(max(1, out_features / in_features) / max(1, rows / columns))
+        by_factor.setdefault(factor, []).append(matrix)
+    muon_groups = [
+        {
+            "params": params,
+            "lr": muon_args.muon_learning_rate * factor,
+            "weight_decay": muon_args.muon_weight_decay / factor,
+        }
+        for factor, params in sorted(by_factor.items())
+    ]
+    decay = set(Trainer.get_decay_parameter_names(None, model))  # Trainer's rule; no instance
+    rest = [(n, p) for n, p in model.named_parameters() if p not in matrices and p.requires_grad]
+    embedding_lr = muon_args.embedding_learning_rate
+    if embedding_lr is None:
+        embedding_lr = training_args.learning_rate
+    adamw_groups = [
+        {"params": [p for n, p in rest if n not in decay], "weight_decay": 0.0},
+        {
+            "params": [p for n, p in rest if n in decay],
+            "lr": embedding_lr,
+            "weight_decay": training_args.weight_decay,
+        },
+    ]
+    adamw_cls, adamw_kwargs = Trainer.get_optimizer_cls_and_kwargs(training_args)
+    return MuonWithAdamW(
+        muon_groups,
+        adamw_groups,
+        adamw_cls,
+        adamw_kwargs,
+        momentum=muon_args.muon_momentum,
+        ns_steps=muon_args.muon_ns_steps,
+    )

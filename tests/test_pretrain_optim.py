@@ -1,0 +1,188 @@
+"""Muon for the hidden matrices, AdamW for the rest, as one optimizer (pretrain/optim.py)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import re
+
+import pytest
+import torch
+from pretrain_runs import read_summary, shared_data_paths, tiny_run_argv
+from sharded_runs import CONFIG_DIR, launch_two_processes
+from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments, get_scheduler
+from transformers.pytorch_utils import Conv1D
+from transformers.trainer import TRAINER_STATE_NAME
+
+from common.cli import InputError
+from pretrain.optim import MuonArguments, check_muon_fits, muon_optimizer
+from pretrain.parallel.strategy import DATA_PARALLEL, SINGLE_PROCESS, Request
+from pretrain.run import main
+from pretrain.run_model_parallel import main as model_parallel_main
+
+MUON = MuonArguments(
+    muon=True, muon_learning_rate=0.05, muon_weight_decay=0.3, embedding_learning_rate=3e-3
+)
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=96, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
+    return GPT2LMHeadModel(config)
+
+
+def training_args(tmp_path, **options) -> TrainingArguments:
+    options = {"learning_rate": 1e-3, "weight_decay": 0.1, "use_cpu": True, **options}
+    return TrainingArguments(output_dir=str(tmp_path), report_to=[], **options)
+
+
+def backward(model: GPT2LMHeadModel, seed: int = 0) -> None:
+    ids = torch.randint(0, 96, (3, 16), generator=torch.Generator().manual_seed(seed))
+    model(input_ids=ids, labels=ids).loss.backward()
+
+
+def test_groups_cover_every_parameter_once_with_its_rate_and_decay(tmp_path):
+    model = tiny_gpt2()
+    optimizer = muon_optimizer(model, training_args(tmp_path), MUON)
+    seen = [p for group in optimizer.param_groups for p in group["params"]]
+    assert len(seen) == len(set(seen)) == len(list(model.parameters()))
+    group_of = {p: group for group in optimizer.param_groups for p in group["params"]}
+    matrices = {m.weight for m in model.modules() if isinstance(m, Conv1D)}
+    assert set(optimizer.muon.param_groups[0]["params"]) <= matrices
+    assert {p for g in optimizer.muon.param_groups for p in g["params"]} == matrices
+    # The tied embedding / head and the positions: AdamW at the embedding rate, decayed.
+    wte, wpe = model.transformer.wte.weight, model.transformer.wpe.weight
+    assert model.lm_head.weight is wte
+    for embedding in (wte, wpe):
+        assert (group_of[embedding]["lr"], group_of[embedding]["weight_decay"]) == (3e-3, 0.1)
+    # LayerNorms and biases: AdamW at --learning_rate, not decayed; Trainer logs the first
+    # group's rate, which is --learning_rate's.
+    for norm_or_bias in (model.transformer.ln_f.weight, model.transformer.h[0].attn.c_attn.bias):
+        assert (group_of[norm_or_bias]["lr"], group_of[norm_or_bias]["weight_decay"]) == (1e-3, 0)
+    assert optimizer.param_groups[0] is group_of[model.transformer.ln_f.weight]
+
+
+@pytest.mark.parametrize("ns_steps", [0, 5])
+def test_each_conv1d_matrix_steps_as_torch_muon_steps_the_same_linear_matrix(tmp_path, ns_steps):
+    """Conv1D stores (in, out); Muon's step, scaled by the shape, must be that of the
+    nn.Linear (out, in) it stands for: the reference, torch's own Muon on the transpose.
+
+    Without Newton-Schulz iterations the two are equal to the bit; with them, bf16 rounds the
+    products of a matrix and of its transpose differently (a few percent of the step), while a
+    wrong shape would be off by a factor of 2 or more (sqrt(out / in))."""
+    model = tiny_gpt2()
+    muon_args = dataclasses.replace(MUON, muon_ns_steps=ns_steps)
+    optimizer = muon_optimizer(model, training_args(tmp_path), muon_args)
+    conv1ds = [m for m in model.modules() if isinstance(m, Conv1D)]
+    assert {tuple(m.weight.shape) for m in conv1ds} == {(32, 96), (32, 32), (32, 128), (128, 32)}
+    backward(model)
+    before = [module.weight.detach().clone() for module in conv1ds]
+    references = []
+    for module in conv1ds:
+        linear = torch.nn.Parameter(module.weight.detach().T.clone())
+        linear.grad = module.weight.grad.T.clone()
+        references.append(linear)
+    reference = torch.optim.Muon(references, lr=0.05, weight_decay=0.3, ns_steps=ns_steps)
+    for _ in range(2):  # the second step also checks the momentum
+        optimizer.step()
+        reference.step()
+    for module, start, linear in zip(conv1ds, before, references, strict=True):
+        step, expected = module.weight.detach() - start, linear.detach().T - start
+        error = (step - expected).norm() / expected.norm()
+        assert error <= (1e-6 if ns_steps == 0 else 0.1), tuple(module.weight.shape)
+
+
+def test_state_dict_round_trip_continues_exactly(tmp_path):
+    model = tiny_gpt2()
+    optimizer = muon_optimizer(model, training_args(tmp_path, optim="adamw_torch"), MUON)
+    backward(model)
+    optimizer.step()
+    saved_model, saved_state = copy.deepcopy(model), copy.deepcopy(optimizer.state_dict())
+    assert len(saved_state["state"]) == len(list(model.parameters()))  # both optimizers'
+    resumed = muon_optimizer(saved_model, training_args(tmp_path, optim="adamw_torch"), MUON)
+    resumed.load_state_dict(saved_state)
+    for run, opt in ((model, optimizer), (saved_model, resumed)):
+        opt.zero_grad()
+        backward(run, seed=1)
+        opt.step()
+    for (name, weight), resumed_weight in zip(
+        model.named_parameters(), saved_model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(weight, resumed_weight, rtol=0, atol=0, msg=name)
+
+
+def test_trainer_schedule_scales_every_group_alike(tmp_path):
+    model = tiny_gpt2()
+    optimizer = muon_optimizer(model, training_args(tmp_path), MUON)
+    peaks = [group["lr"] for group in optimizer.param_groups]
+    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=2, num_training_steps=10)
+    for _ in range(6):
+        optimizer.step()
+        scheduler.step()
+    factors = [
+        group["lr"] / peak for group, peak in zip(optimizer.param_groups, peaks, strict=True)
+    ]
+    assert factors == pytest.approx([0.5] * len(peaks))
+
+
+def test_muon_is_refused_where_it_cannot_train_as_asked():
+    for accepted in (SINGLE_PROCESS, DATA_PARALLEL):
+        check_muon_fits(MUON, Request(accepted))
+    for sharded in ("FSDP", "DEEPSPEED"):
+        with pytest.raises(InputError, match=f"not {sharded}: Muon needs every matrix whole"):
+            check_muon_fits(MUON, Request(sharded))
+    check_muon_fits(MuonArguments(), Request("FSDP"))  # AdamW: nothing to refuse
+    with pytest.raises(InputError, match="--muon_momentum 1.0 must be in"):
+        MuonArguments(muon=True, muon_momentum=1.0)
+    with pytest.raises(InputError, match="must be >= 0"):
+        MuonArguments(muon=True, muon_learning_rate=-0.02)
+
+
+@pytest.fixture
+def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
+    return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("config", ["cpu_fsdp.yaml", "cpu_deepspeed_zero2.yaml"])
+def test_muon_under_fsdp_or_zero_is_refused_in_one_line(config, data_paths, tmp_path):
+    result = launch_two_processes(
+        CONFIG_DIR / config, data_paths, tmp_path / "run", "--muon", "true"
+    )
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and errors[0] == errors[1]  # one line from each process
+    assert "--muon trains with one process or DDP" in errors[0]
+    assert re.search(r"exitcode\s*:\s*2\b", result.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_muon_in_the_tensor_and_pipeline_loop_is_refused(data_paths, tmp_path, capsys):
+    argv = tiny_run_argv(**data_paths, output_dir=tmp_path / "run", muon="true")
+    assert model_parallel_main(["--strategy", "single", *argv]) == 2
+    assert "--muon trains under pretrain/run.py" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_trainer_accumulates_clips_and_schedules_a_muon_run(data_paths, tmp_path):
+    """Trainer's loop around the optimizer, clipping on: a batch in two accumulated halves
+    trains like the whole batch, and the warmup applies (the logged rate is --learning_rate's)."""
+    options = {"muon": "true", "max_grad_norm": 0.5, "warmup_steps": 4, "logging_steps": 1}
+    options |= {"lr_scheduler_type": "constant_with_warmup", "learning_rate": 2e-3}
+    runs = {}
+    for batch, accumulation in ((4, 1), (2, 2)):
+        output_dir = tmp_path / f"{batch}x{accumulation}"
+        argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=48, **options)
+        argv += ["--per_device_train_batch_size", str(batch)]
+        assert main([*argv, "--gradient_accumulation_steps", str(accumulation)]) == 0
+        runs[accumulation] = read_summary(output_dir)
+    whole, halves = runs[1], runs[2]
+    assert halves["eval_loss"] == pytest.approx(whole["eval_loss"], abs=1e-3)
+    assert whole["eval_loss"] < math.log(whole["config"]["model_config"]["vocab_size"]) - 0.5
+    state = json.loads((tmp_path / "4x1" / "checkpoint-12" / TRAINER_STATE_NAME).read_text())
+    rates = [entry["learning_rate"] for entry in state["log_history"] if "learning_rate" in entry]
+    assert rates[:5] == pytest.approx([0.0, 5e-4, 1e-3, 1.5e-3, 2e-3]) and max(rates) == 2e-3
