@@ -151,8 +151,9 @@ def largest_loss_rise(losses) -> float:
     return rise
 
 
-def settings_cells(training: dict) -> list[str]:
+def settings_cells(config: dict) -> list[str]:
     """A run's optimiser settings as the table shows them: 1.0e-3 | 5% | cosine to 10% | ..."""
+    training, muon = config["TrainingArguments"], config.get("MuonArguments", {})
     schedule, kwargs = training["lr_scheduler_type"], training["lr_scheduler_kwargs"] or {}
     warmup = 0 if schedule == "constant" else training["warmup_steps"]  # constant ignores it
     if schedule.startswith("constant"):
@@ -164,11 +165,23 @@ def settings_cells(training: dict) -> list[str]:
         )
     else:
         schedule = f"{schedule.removesuffix('_with_min_lr')} to {kwargs.get('min_lr_rate', 0):.0%}"
+
+    def rate(value: float) -> str:
+        return f"{value:.1e}".replace("e-0", "e-")
+
+    matrices = "AdamW"
+    if muon.get("muon"):
+        embeddings = muon["embedding_learning_rate"] or training["learning_rate"]
+        matrices = (
+            f"Muon {rate(muon['muon_learning_rate'])}, momentum {muon['muon_momentum']:g}, "
+            f"decay {muon['muon_weight_decay']:g}; embeddings {rate(embeddings)}"
+        )
     return [
-        f"{training['learning_rate']:.1e}".replace("e-0", "e-"),
+        rate(training["learning_rate"]),
         f"{warmup * 100:.2g}%" if warmup < 1 else f"{warmup:g} steps",
         schedule,
         *(f"{training[key]:g}" for key in ("adam_beta2", "weight_decay", "max_grad_norm")),
+        matrices,
     ]
 
 
@@ -206,7 +219,7 @@ def format_table(runs: list[Run], results: list[dict | None], vocabularies: bool
     """One Markdown row per recipe row (and tokenizer)."""
     header = ["recipe", "validation loss per seed", "mean", "spread", "bits/byte",
               "largest loss rise", "peak lr", "warmup", "schedule", "beta2", "weight decay",
-              "clip"]  # fmt: skip
+              "clip", "hidden matrices"]  # fmt: skip
     if vocabularies:
         header[1:1] = ["vocabulary", "bytes/token"]
         header[8:8] = ["FLOPs/token", "FLOPs/byte", "117M FLOPs/token", "117M FLOPs/byte",
@@ -230,7 +243,7 @@ def format_table(runs: list[Run], results: list[dict | None], vocabularies: bool
             f"{max(losses) - min(losses):.3f}",
             f"{statistics.mean(result['bits_per_byte'] for result in done):.3f}",
             f"{max(result['loss_rise'] for result in done):.3f}",
-            *settings_cells(done[0]["config"]["TrainingArguments"]),
+            *settings_cells(done[0]["config"]),
         ]
         if vocabularies:
             first, last = vocabulary_cells(tokenizer_dir, done[0])

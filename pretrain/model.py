@@ -41,6 +41,8 @@ PRESETS: dict[str, ModelPreset] = {
     # The recipe benchmarks' stand-in for gpt2-117m on a CPU (bench/compare_recipes.py):
     # GPT-2's head size (64), a sixth of its width, a third of its depth; minutes per run.
     "proxy": ModelPreset(n_layer=4, n_embd=128, n_head=2, n_positions=256),
+    # Its second shape, twice as wide (a third of GPT-2's), for blocks of 256.
+    "proxy_wide": ModelPreset(n_layer=4, n_embd=256, n_head=4, n_positions=256),
 }
 
 

@@ -2,6 +2,7 @@
 config, the tiny and run_clm recipes are what their sources train with, every row trains on the
 same blocks and is tabulated, finished runs are read back, bad rows are one line."""
 
+import dataclasses
 import json
 import shutil
 
@@ -20,8 +21,9 @@ OPTIMISER_KEYS = ("learning_rate", "warmup_steps", "lr_scheduler_type", "lr_sche
 
 
 def resolved_optimiser(*argv: str) -> dict:
-    training = parse_pretrain_args(list(argv)).training.to_dict()
-    return {key: training[key] for key in OPTIMISER_KEYS}
+    args = parse_pretrain_args(list(argv))
+    training = args.training.to_dict()
+    return {key: training[key] for key in OPTIMISER_KEYS} | dataclasses.asdict(args.optimizer)
 
 
 def recipe_run(name: str) -> dict:
@@ -52,16 +54,19 @@ def test_the_run_clm_recipe_is_training_arguments_defaults():
 
 def test_settings_cells_say_each_schedule():
     def cells(name: str, *flags: str) -> list[str]:
-        training = parse_pretrain_args(
+        args = parse_pretrain_args(
             ["--config", str(BASE_CONFIG), *PROXY_FLAGS, *recipe_flags(name), *flags]
-        ).training.to_dict()
-        return compare_recipes.settings_cells(training)
+        )
+        return compare_recipes.settings_cells(args.to_dict())
 
-    assert cells("course_before") == ["1.5e-3", "5%", "cosine to 10%", "0.95", "0.1", "1"]
+    expected = ["1.5e-3", "5%", "cosine to 10%", "0.95", "0.1", "1", "AdamW"]
+    assert cells("course_before") == expected
     assert cells("tiny", "--warmup_steps", "0.05")[1:3] == ["0%", "constant"]  # ignored
     assert cells("course")[1:3] == ["5%", "constant"]
     assert cells("wsd")[2] == "constant, then 1-sqrt to 0% over the last 37 steps"
     assert cells("run_clm")[2] == "linear to 0%"
+    muon = ["--muon", "true", "--muon_learning_rate", "0.01", "--embedding_learning_rate", "3e-3"]
+    assert cells("course", *muon)[-1] == "Muon 1.0e-2, momentum 0.95, decay 0; embeddings 3.0e-3"
 
 
 def test_largest_loss_rise_is_the_climb_above_the_running_minimum():
