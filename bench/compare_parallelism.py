@@ -226,6 +226,7 @@ def training_argv(
         "--gradient_accumulation_steps", "1",
         "--torch_compile", "false",
         "--loss_implementation", "hf",
+        "--muon", "false",  # AdamW, which every strategy can shard
         "--logging_steps", "1",
         "--save_strategy", "no",
         "--disable_tqdm", "true",

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from transformers.hf_argparser import HfArg
 
+from bench.compare_recipes import recipe_flags
 from bench.docstring_corpus import CORPUS_FILE, DocstringCorpusArguments, write_docstring_corpus
 from bench.variants import REPO_ROOT, finished_earlier, repo_environment, run_variant
 from common.cli import entry_point, parse_args
@@ -49,6 +50,8 @@ ROWS: dict[str, list[str]] = {
     "main": [],  # the course run as shipped, compile cache cold
     "main_warm": [],  # the same, compile cache warm: the reference of every ratio
     "eager": ["--torch_compile", "false"],
+    # AdamW for every parameter (bench/recipes/adamw.yaml): the course recipe before Muon.
+    "adamw": recipe_flags("adamw"),
     # The course config's earlier checkpoints: every 50 of its 184 steps (0.27 of them, so that
     # the CPU scales save as often), and at the end; it now writes none.
     "checkpoints": ["--save_strategy", "steps", "--save_steps", "0.27"],

@@ -84,12 +84,13 @@ def build(args: ModelStepArguments, side: str) -> torch.nn.Module:
         def __len__(self) -> int:
             return args.vocab_size
 
+    activation = side.partition("+")[0]
     config = build_model_config(
         args.model_preset,
         Vocabulary(),
         args.block_size,
         args.vocab_size,
-        activation_function=side.partition("+")[0],
+        activation_function=activation,
     )
     return build_model(config)
 
@@ -101,7 +102,7 @@ def build_optimizer(model: torch.nn.Module, side: str) -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), lr=1e-4)
     training_args = TrainingArguments(output_dir="unused", optim="adamw_torch", use_cpu=True)
     ns_steps = 0 if optimizer == "muon_ns0" else 5
-    return muon_optimizer(model, training_args, MuonArguments(muon=True, muon_ns_steps=ns_steps))
+    return muon_optimizer(model, training_args, MuonArguments(muon=True), ns_steps=ns_steps)
 
 
 def seconds_per_step(args: ModelStepArguments, side: str) -> tuple[float, float]:

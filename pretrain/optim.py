@@ -1,12 +1,7 @@
-"""Muon for GPT-2's hidden matrices and AdamW for the rest, as one optimizer Trainer owns.
-
-`torch.optim.Muon` (Jordan et al. 2024, "Muon: An optimizer for hidden layers") orthogonalises
-each matrix's momentum by a Newton-Schulz iteration; it is meant for the attention and MLP
-matrices only, so the tied token embedding / head, the position embeddings, the LayerNorms and
-the biases stay with --optim (AdamW). transformers' --optim names no Muon (5.24), hence
-`MuonArguments`. `MuonWithAdamW` is one torch Optimizer over both: Trainer's scheduler sets
-every group's rate, its clipping and accumulation apply, and its checkpoints hold both states.
-"""
+"""`torch.optim.Muon` (momentum orthogonalised by Newton-Schulz) for GPT-2's attention and MLP
+matrices, --optim (AdamW) for the tied embedding / head, positions, LayerNorms and biases, as
+one optimizer Trainer schedules, clips, accumulates and checkpoints. transformers' --optim names
+no Muon (5.24), hence `MuonArguments`."""
 
 from __future__ import annotations
 
@@ -26,38 +21,32 @@ from pretrain.parallel.strategy import DATA_PARALLEL, SINGLE_PROCESS, Request
 
 @dataclass
 class MuonArguments:
-    """Muon (torch.optim.Muon) for the attention and MLP matrices."""
+    """Muon for the attention and MLP matrices (one process or DDP)."""
 
-    muon: bool = HfArg(
-        default=False,
-        help="Train the attention and MLP matrices with Muon; --optim (AdamW) and its flags "
-        "keep the embeddings, LayerNorms and biases. One process or DDP.",
-    )
+    muon: bool = HfArg(default=False, help="Muon for them, --optim for the rest.")
     muon_learning_rate: float = HfArg(
-        default=0.02,
-        help="Muon's peak rate, times sqrt(max(1, out/in)) per matrix (Keller Jordan's and "
-        "nanochat's rule); the --lr_scheduler_type schedule applies to it too.",
+        default=0.02, help="Muon's, x sqrt(max(1, out/in)) a matrix.", metadata={"metavar": "R"}
     )
-    muon_momentum: float = HfArg(default=0.95, help="Muon's Nesterov momentum.")
+    muon_momentum: float = HfArg(
+        default=0.95, help="Muon's Nesterov momentum.", metadata={"metavar": "M"}
+    )
     muon_weight_decay: float = HfArg(
-        default=0.0, help="Muon's decoupled weight decay of the matrices (AdamW's: --weight_decay)."
+        default=0.0,
+        help="Muon's decoupled decay (AdamW's: --weight_decay).",
+        metadata={"metavar": "D"},
     )
-    muon_ns_steps: int = HfArg(default=5, help="Newton-Schulz iterations per Muon step.")
     embedding_learning_rate: float | None = HfArg(
         default=None,
-        help="With --muon: AdamW's peak rate for the tied token embedding / head and the "
-        "position embeddings (default --learning_rate, which LayerNorms and biases keep).",
+        help="AdamW's for the tied embedding / head and positions (default --learning_rate).",
+        metadata={"metavar": "R"},
     )
 
     def __post_init__(self) -> None:
         rates = (self.muon_learning_rate, self.muon_weight_decay, self.embedding_learning_rate)
-        if min(value or 0 for value in rates) < 0 or self.muon_ns_steps < 0:
+        if min(value or 0 for value in rates) < 0 or not 0 <= self.muon_momentum < 1:
             raise InputError(
-                "--muon_learning_rate, --muon_weight_decay, --embedding_learning_rate and "
-                "--muon_ns_steps must be >= 0"
+                "--muon_* and --embedding_learning_rate must be >= 0, the momentum < 1"
             )
-        if not 0 <= self.muon_momentum < 1:
-            raise InputError(f"--muon_momentum {self.muon_momentum} must be in [0, 1), e.g. 0.95")
 
     def identity(self) -> dict:
         """What a checkpoint of a Muon run must share with the run that resumes it."""
@@ -74,7 +63,7 @@ def check_muon_fits(muon_args: MuonArguments, request: Request) -> None:
     if request.distributed_type not in (SINGLE_PROCESS, DATA_PARALLEL):
         raise InputError(
             f"--muon trains with one process or DDP, not {request.distributed_type}: Muon needs "
-            "every matrix whole; drop the FSDP/DeepSpeed config or --muon"
+            "every matrix whole; pass --muon false (AdamW) or drop the FSDP/DeepSpeed config"
         )
 
 
@@ -122,9 +111,13 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 
 def muon_optimizer(
-    model: PreTrainedModel, training_args: TrainingArguments, muon_args: MuonArguments
+    model: PreTrainedModel,
+    training_args: TrainingArguments,
+    muon_args: MuonArguments,
+    ns_steps: int = 5,
 ) -> MuonWithAdamW | None:
-    """The optimizer `muon_args` ask for, or None (Trainer then builds --optim's itself)."""
+    """The optimizer `muon_args` ask for, or None (Trainer then builds --optim's itself);
+    `ns_steps` Newton-Schulz iterations a step (torch's default)."""
     if not muon_args.muon:
         return None
     matrices = hidden_matrices(model)
@@ -136,33 +129,18 @@ def muon_optimizer(
         rows, columns = matrix.shape
         factor = math.sqrt(max(1, out_features / in_features) / max(1, rows / columns))
         by_factor.setdefault(factor, []).append(matrix)
-    muon_groups = [
-        {
-            "params": params,
-            "lr": muon_args.muon_learning_rate * factor,
-            "weight_decay": muon_args.muon_weight_decay / factor,
-        }
-        for factor, params in sorted(by_factor.items())
-    ]
+    rate, decay_rate = muon_args.muon_learning_rate, muon_args.muon_weight_decay
+    muon_groups = [{"params": params, "lr": rate * factor, "weight_decay": decay_rate / factor}
+                   for factor, params in sorted(by_factor.items())]  # fmt: skip
     decay = set(Trainer.get_decay_parameter_names(None, model))  # Trainer's rule; no instance
     rest = [(n, p) for n, p in model.named_parameters() if p not in matrices and p.requires_grad]
     embedding_lr = muon_args.embedding_learning_rate
-    if embedding_lr is None:
-        embedding_lr = training_args.learning_rate
+    embedding_lr = training_args.learning_rate if embedding_lr is None else embedding_lr
     adamw_groups = [
         {"params": [p for n, p in rest if n not in decay], "weight_decay": 0.0},
-        {
-            "params": [p for n, p in rest if n in decay],
-            "lr": embedding_lr,
-            "weight_decay": training_args.weight_decay,
-        },
-    ]
+        {"params": [p for n, p in rest if n in decay], "lr": embedding_lr,
+         "weight_decay": training_args.weight_decay},
+    ]  # fmt: skip
     adamw_cls, adamw_kwargs = Trainer.get_optimizer_cls_and_kwargs(training_args)
-    return MuonWithAdamW(
-        muon_groups,
-        adamw_groups,
-        adamw_cls,
-        adamw_kwargs,
-        momentum=muon_args.muon_momentum,
-        ns_steps=muon_args.muon_ns_steps,
-    )
+    muon_kwargs = {"momentum": muon_args.muon_momentum, "ns_steps": ns_steps}
+    return MuonWithAdamW(muon_groups, adamw_groups, adamw_cls, adamw_kwargs, **muon_kwargs)

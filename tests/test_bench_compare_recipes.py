@@ -23,7 +23,8 @@ OPTIMISER_KEYS = ("learning_rate", "warmup_steps", "lr_scheduler_type", "lr_sche
 def resolved_optimiser(*argv: str) -> dict:
     args = parse_pretrain_args(list(argv))
     training = args.training.to_dict()
-    return {key: training[key] for key in OPTIMISER_KEYS} | dataclasses.asdict(args.optimizer)
+    muon = dataclasses.asdict(args.optimizer) if args.optimizer.muon else {"muon": False}
+    return {key: training[key] for key in OPTIMISER_KEYS} | muon  # Muon's keys if it trains
 
 
 def recipe_run(name: str) -> dict:
