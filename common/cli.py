@@ -15,7 +15,6 @@ in TrainingArguments) names those in `brief_help_fields`; `--help-all` explains 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import difflib
 import functools
@@ -29,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, get_type_hints
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
@@ -139,123 +138,163 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """`--help` that keeps the description's line breaks (a module docstring's example commands)
-    while each option's help is wrapped and ends with its default."""
-
-    def add_usage(self, usage, actions, groups, prefix=None):
-        # The groups below list the options; the usage line names the required ones.
-        actions = [action for action in actions if action.required or action.dest == "help"]
-        super().add_usage(usage, actions, groups, prefix)
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        # "(default: None)" says nothing that the help does not.
-        return action.help if action.default is None else super()._get_help_string(action)
-
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        # HfArgumentParser adds --a-b beside each --a_b: both parse, help names the first.
-        if action.option_strings[:1] != ["-h"]:
-            action = copy.copy(action)
-            action.option_strings = action.option_strings[:1]
-        return super()._format_action_invocation(action)
-
-
 def command_line_parser(dataclass_types: Sequence[type], **options: Any) -> HfArgumentParser:
     """An `HfArgumentParser` for `dataclass_types` whose every error is one `InputError`.
 
     A mistyped flag names the closest option and a bad value names its flag, instead of the
-    whole usage (over a hundred lines for TrainingArguments). `--help` formats with
-    `HelpFormatter`. `options` are those of `parse_args`. Parse with `parse_args` (a namespace)
-    or `parse_dataclasses`.
+    whole usage (over a hundred lines for TrainingArguments). `options` are those of
+    `parse_args`. Parse with `parse_args` (a namespace) or `parse_dataclasses`.
     """
     # Imported here: importing transformers takes a second that only parsing needs.
     from transformers import HfArgumentParser
 
     class CommandLineParser(HfArgumentParser):
         def __init__(self, dataclass_types, **kwargs) -> None:
-            self.full_help: dict[argparse.Action, str] = {}  # of the options --help leaves out
-            super().__init__(dataclass_types, formatter_class=HelpFormatter, **kwargs)
-            if self.full_help:
+            # Every action, in the order added, with its help before any default is appended.
+            self.arguments: dict[argparse.Action, str | None] = {}
+            self.hidden: set[argparse.Action] = set()  # options that only --help-all explains
+            self.show_all = False
+            self.spellings: dict[str, str] = {}  # HfArgumentParser's --a-b beside --a_b
+            self.groups: dict[type, Any] = {}
+            self.ours: dict[type, set[str]] = {}  # the fields each dataclass declares itself
+            self.owners = {
+                field.name: dtype
+                for dtype in dataclass_types
+                for field in dataclasses.fields(dtype)
+                if field.init
+            }
+            super().__init__(
+                dataclass_types, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+            )
+            if self.hidden:
                 self.add_argument("--help-all", action="help", help="explain every option")
 
-        def _add_dataclass_arguments(self, dtype: type) -> None:
-            # HfArgumentParser's, in a group per dataclass that --help describes with the
-            # docstring, leaving out the fields a library's class declares (and documents).
-            ours = {
+        def add_argument(self, *flags: str, **kwargs: Any) -> argparse.Action:
+            # HfArgumentParser adds each field's option through here (--x first, --no_x with
+            # dest=x): it goes to its dataclass's group, and --help leaves out the fields a
+            # library's class declares (and documents).
+            name = kwargs.get("dest", flags[0].lstrip("-"))
+            dtype = self.owners.get(name) if flags[0].startswith("--") else None
+            if dtype is None:
+                action = super().add_argument(*flags, **kwargs)
+            else:
+                if not self.groups:
+                    self.groups = {dtype: self.add_group(dtype) for dtype in self.dataclass_types}
+                # One spelling in --help; the other parses as the same option.
+                action = self.groups[dtype].add_argument(flags[0], **kwargs)
+                self.spellings.update(dict.fromkeys(flags[1:], flags[0]))
+                # --no_x, the complement of a bool that defaults to true, repeats --x's help.
+                if name not in self.ours[dtype] or flags[0] == f"--no_{name}":
+                    self.hidden.add(action)
+            self.arguments[action] = action.help
+            return action
+
+        def add_group(self, dtype: type):
+            """A group that --help describes with the docstring, naming the library fields in
+            `brief_help_fields` with their defaults."""
+            ours = self.ours[dtype] = {
                 name
                 for cls in dtype.__mro__
                 if not cls.__module__.startswith("transformers")
                 for name in vars(cls).get("__annotations__", {})
             }
             listed = getattr(dtype, "brief_help_fields", ())
-            group = self.add_argument_group(dtype.__name__)
-            type_hints, named = get_type_hints(dtype), []
-            for field in (field for field in dataclasses.fields(dtype) if field.init):
-                field.type = type_hints[field.name]
-                num_actions = len(self._actions)
-                self._parse_dataclass_field(group, field)
-                for action in self._actions[num_actions:]:
-                    # --no_x, the complement of a bool that defaults to true, repeats --x's help.
-                    if field.name not in ours or action.option_strings[0] == f"--no_{field.name}":
-                        self.full_help[action] = action.help
-                        action.help = argparse.SUPPRESS
-                if field.name not in ours and field.name in listed:
-                    default = self._actions[num_actions].default
-                    named.append(f"--{field.name}" + ("" if default is None else f"={default}"))
+            named = [
+                f"--{field.name}" + ("" if default is None else f"={default}")
+                for field in dataclasses.fields(dtype)
+                if field.name in listed and field.name not in ours
+                for default in [None if field.default is dataclasses.MISSING else field.default]
+            ]
             doc = dtype.__doc__.split("\n\n")[0] if ours else ""
             doc = "" if doc.startswith(f"{dtype.__name__}(") else doc  # dataclass's made-up doc
             if named:
                 doc += f" Library options used here (defaults shown): {', '.join(named)}."
             width = shutil.get_terminal_size().columns - 4  # argparse's, less the indent
-            group.description = textwrap.fill(" ".join(doc.split()), width, break_on_hyphens=False)
+            description = textwrap.fill(" ".join(doc.split()), width, break_on_hyphens=False)
+            return self.add_argument_group(dtype.__name__, description)
+
+        def format_help(self) -> str:
+            # Each option's help ends with its default (at the time: a config file's included),
+            # and the usage line names the required options only: the groups list them all.
+            for action, text in self.arguments.items():
+                default = action.default is not None and action.default is not argparse.SUPPRESS
+                if action in self.hidden and not self.show_all:
+                    action.help = argparse.SUPPRESS
+                elif text is not None and default and "%(default)" not in text:
+                    action.help = text + " (default: %(default)s)"
+                else:
+                    action.help = text
+            return self.format_usage() + "\n" + super().format_help().split("\n\n", 1)[1]
+
+        def format_usage(self) -> str:
+            # argparse's usage of a parser holding only the required arguments.
+            usage = argparse.ArgumentParser(prog=self.prog, formatter_class=self.formatter_class)
+            for action in (action for action in self.arguments if action.required):
+                shape = dict(nargs=action.nargs, metavar=action.metavar, choices=action.choices)
+                if action.option_strings:
+                    shape.update(dest=action.dest, required=True)
+                usage.add_argument(*action.option_strings[:1] or [action.dest], **shape)
+            return usage.format_usage()
 
         def error(self, message: str) -> NoReturn:
             # argparse calls this for a bad value, a missing required option, a bad choice.
             raise InputError(f"{message.rstrip('.')}; see --help")
 
-        def parse_args(self, args=None, namespace=None):
-            if "--help-all" in (sys.argv[1:] if args is None else args):
-                for action, full_help in self.full_help.items():
-                    action.help = full_help
-                args = ["--help"]
+        def parse_known_args(self, args=None, namespace=None):
+            """argparse's, but an unknown argument is an `InputError` too."""
+            args = [self.respelled(arg) for arg in (sys.argv[1:] if args is None else args)]
+            if "--help-all" in args:
+                self.show_all, args = True, ["--help"]
             try:
-                namespace, unknown = self.parse_known_args(args, namespace)
+                namespace, unknown = super().parse_known_args(args, namespace)
             except InputError:
                 # A mistyped --output_dir also leaves --output_dir missing: name the typo.
-                unknown = self._unknown_arguments_when_nothing_is_required(args)
+                unknown = self.unknown_arguments_when_nothing_is_required(args)
                 if not unknown:
                     raise
             if unknown:
-                raise InputError(f"{_describe_unknown_arguments(self, unknown)}; see --help")
-            return namespace
+                raise InputError(f"{self.describe_unknown_arguments(unknown)}; see --help")
+            return namespace, unknown
 
-        def _unknown_arguments_when_nothing_is_required(self, args: list[str] | None) -> list[str]:
-            required = [action for action in self._actions if action.required]
+        def respelled(self, argument: str) -> str:
+            flag, equals, value = argument.partition("=")
+            return self.spellings.get(flag, flag) + equals + value
+
+        def unknown_arguments_when_nothing_is_required(self, args: list[str]) -> list[str]:
+            required = [action for action in self.arguments if action.required]
             for action in required:
                 action.required = False
             try:
-                return self.parse_known_args(args)[1]
+                return super().parse_known_args(args)[1]
             except InputError:
                 return []
             finally:
                 for action in required:
                     action.required = True
 
-        def parse_dataclasses(self, args: list[str] | None = None) -> tuple[Any, ...]:
-            """One instance per dataclass, then a namespace of any other arguments if there are.
+        def describe_unknown_arguments(self, unknown: list[str]) -> str:
+            """'unknown option --x (did you mean --y?)' for each unknown flag, else the stray
+            values."""
+            flags = [argument.split("=", 1)[0] for argument in unknown if argument.startswith("--")]
+            if not flags:
+                return f"unexpected argument{'s' if len(unknown) > 1 else ''} {' '.join(unknown)}"
+            options = [flag for action in self.arguments for flag in action.option_strings]
+            options += self.spellings
+            descriptions = []
+            for flag in flags:
+                close = difflib.get_close_matches(flag, options, n=1)
+                descriptions.append(
+                    f"unknown option {flag}" + (f" (did you mean {close[0]}?)" if close else "")
+                )
+            return ", ".join(descriptions)
 
-            Unlike `parse_args_into_dataclasses`, reads no `<script>.args` file, and a value
-            that a dataclass's `__post_init__` rejects is an `InputError`.
-            """
-            values = vars(self.parse_args(args))
-            instances = []
-            for dtype in self.dataclass_types:
-                names = [f.name for f in dataclasses.fields(dtype) if f.init]
-                try:
-                    instances.append(dtype(**{name: values.pop(name) for name in names}))
-                except (ValueError, TypeError) as err:
-                    raise InputError(f"invalid {dtype.__name__}: {err}") from None
-            return (*instances, argparse.Namespace(**values)) if values else tuple(instances)
+        def parse_dataclasses(self, args: list[str] | None = None) -> tuple[Any, ...]:
+            """`parse_args_into_dataclasses` reading no `<script>.args` file, where a value that
+            a dataclass's `__post_init__` rejects is an `InputError`."""
+            try:
+                return self.parse_args_into_dataclasses(args, look_for_args_file=False)
+            except (ValueError, TypeError) as err:
+                raise InputError(f"invalid arguments: {err}") from None
 
     return CommandLineParser(list(dataclass_types), **options)
 
@@ -274,21 +313,6 @@ def _type_mismatch(action: argparse.Action, value: Any) -> str | None:
         if getattr(action.type, "__name__", "") == "string_to_bool" and not isinstance(item, bool):
             return "true or false"
     return None
-
-
-def _describe_unknown_arguments(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
-    """'unknown option --x (did you mean --y?)' for each unknown flag, else the stray values."""
-    flags = [argument.split("=", 1)[0] for argument in unknown if argument.startswith("--")]
-    if not flags:
-        return f"unexpected argument{'s' if len(unknown) > 1 else ''} {' '.join(unknown)}"
-    options = [option for action in parser._actions for option in action.option_strings]
-    descriptions = []
-    for flag in flags:
-        close = difflib.get_close_matches(flag, options, n=1)
-        descriptions.append(
-            f"unknown option {flag}" + (f" (did you mean {close[0]}?)" if close else "")
-        )
-    return ", ".join(descriptions)
 
 
 def parse_args(
@@ -320,12 +344,12 @@ def parse_args(
 
 
 def apply_config_defaults(
-    parser: argparse.ArgumentParser, config: dict[str, Any], source: str | Path
+    parser: HfArgumentParser, config: dict[str, Any], source: str | Path
 ) -> None:
     """Make the config file's values the parser's defaults (and no longer required)."""
     # A bool field that defaults to True has two actions (--x and --no_x) with one dest.
     actions_by_dest: dict[str, list[argparse.Action]] = {}
-    for action in parser._actions:
+    for action in parser.arguments:
         if action.dest not in ("help", "help_all", "config"):
             actions_by_dest.setdefault(action.dest, []).append(action)
     for key, value in config.items():

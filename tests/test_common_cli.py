@@ -115,6 +115,24 @@ def test_invalid_value_is_an_input_error_naming_the_flag(argv, message):
         parse_args([ExampleArguments], argv)
 
 
+def test_a_value_post_init_rejects_is_an_input_error(tmp_path):
+    @dataclass
+    class CheckedArguments:
+        epochs: int = field(default=1, metadata={"help": "Passes over the data."})
+
+        def __post_init__(self):
+            if self.epochs < 1:
+                raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
+
+    with pytest.raises(
+        InputError, match=r"^invalid arguments: --epochs must be at least 1, got 0$"
+    ):
+        parse_args([CheckedArguments], ["--epochs", "0"])
+    config = write(tmp_path, "c.yaml", "epochs: -1\n")
+    with pytest.raises(InputError, match="got -1$"):
+        parse_args([CheckedArguments], ["--config", config])
+
+
 def test_invalid_value_in_the_config_file_is_an_input_error(tmp_path):
     config = write(tmp_path, "c.yaml", "optimizer: rmsprop\n")
     with pytest.raises(

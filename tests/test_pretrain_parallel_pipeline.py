@@ -104,7 +104,7 @@ def test_a_pipeline_that_cannot_train_like_one_process_is_refused(
 
 def test_an_unknown_schedule_is_refused():
     argv = ["--config", str(TINY_CONFIG), "--strategy", "pp", "--pipeline_schedule", "zero_bubble"]
-    with pytest.raises(InputError, match="--pipeline-schedule: invalid choice: 'zero_bubble'"):
+    with pytest.raises(InputError, match="--pipeline_schedule: invalid choice: 'zero_bubble'"):
         PretrainArguments.parse(argv, (ParallelArguments,))
 
 
