@@ -8,8 +8,8 @@ an earlier commit's code, the `run_clm.py` recipe and the tokenizer alone, at se
 Each contender is a child process from the corpus path to blocks on disk, measured by the
 kernel (`wait4`: wall seconds, CPU seconds of all threads, peak resident memory):
 - after: `prepare-blocks` of this checkout, into a fresh cache folder;
-- before: `prepare-blocks` of `--baseline_commit` (exported with `git archive`); its Arrow
-  files and document split must be byte-identical to after's;
+- before: `prepare-blocks` of `--baseline_commit` (exported with `git archive`); its blocks
+  (every split's token ids, in order) and document split must be identical to after's;
 - recipe: transformers' `examples/pytorch/language-modeling/run_clm.py`: `train_test_split`,
   `map(tokenize_function)`, then `map(group_texts)`, which concatenates Python lists per map
   batch, drops a remainder per batch, copies `input_ids` as `labels` and adds no end-of-text;
@@ -26,6 +26,7 @@ byte-level BPE is trained on the first `--tokenizer_training_mb` MB.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 import pyarrow.compute as pc
 from transformers.hf_argparser import HfArg
 
@@ -48,9 +50,11 @@ from bench.train_tokenizer import synthesize_wos_corpus
 from bench.variants import REPO_ROOT
 from common.cli import RunFailed, entry_point, parse_args
 from common.corpus import CorpusArguments, iter_documents
+from common.run_contract import DOCUMENT_SPLIT_FILE
 from common.system import hardware_description, library_versions
 from common.tokenization import load_tokenizer
 from pretrain.blocks.cache import read_stats
+from pretrain.blocks.packing import SPLITS
 from report.tables import markdown_table
 from tokenizer.train import TokenizerArguments, train_tokenizer
 
@@ -184,10 +188,11 @@ def measure(name: str, corpus: list[str], args: BenchArguments, output_dir: Path
     }
     if name not in ("before", "after"):
         return {**result, **json.loads(printed)}
-    stats = read_stats(printed.strip())
+    folder = Path(printed.strip())
+    stats = read_stats(folder)
     splits = stats["splits"].values()
-    # The blocks and the split: every file but the ones with fingerprints or timings.
-    blocks = {path: record for path, record in stats["files"].items() if "state" not in path}
+    # The blocks and the split, whatever files hold them.
+    blocks = {**block_digests(folder), DOCUMENT_SPLIT_FILE: stats["files"][DOCUMENT_SPLIT_FILE]}
     return {
         **result,
         "num_blocks": sum(split["num_blocks"] for split in splits),
@@ -197,6 +202,20 @@ def measure(name: str, corpus: list[str], args: BenchArguments, output_dir: Path
         "stage_seconds": stats["seconds"],
         "files": blocks,
     }
+
+
+def block_digests(folder: Path) -> dict[str, str]:
+    """Per split, a digest of its token ids in order: from its Arrow file, or from the Arrow
+    shards of its folder in caches before PIPELINE_VERSION 6."""
+    digests = {}
+    for split in SPLITS:
+        digest = hashlib.sha256()
+        for path in [*folder.glob(f"{split}.arrow"), *sorted(folder.glob(f"{split}/*.arrow"))]:
+            with pa.memory_map(str(path)) as source:
+                for batch in pa.ipc.open_stream(source):
+                    digest.update(batch.column("input_ids").flatten().to_numpy().tobytes())
+        digests[split] = digest.hexdigest()
+    return digests
 
 
 def write_corpus_slice(corpus: list[str], path: Path, max_documents: int | None, max_mb: float):
@@ -266,7 +285,7 @@ def summary_table(rows: dict[str, list[dict[str, Any]]]) -> str:
                 blocks = f"{first['num_blocks']:,} ({first['num_dropped_tokens']:,})"
             if "identical_blocks" in first:
                 same = all(repeat[name]["identical_blocks"] for repeat in repeats)
-                blocks += ", byte-identical to before" if same else ", DIFFERENT from before"
+                blocks += ", identical to before" if same else ", DIFFERENT from before"
             body.append([corpus, name, *cells, blocks])
     return "\n".join(markdown_table(header, body))
 

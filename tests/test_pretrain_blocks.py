@@ -128,8 +128,7 @@ def test_blocks_are_the_document_stream_cut_into_equal_blocks(built, documents, 
         assert np.count_nonzero(expected == tokenizer.eos_token_id) == len(split_documents)
     assert stats["num_documents"] == len(documents)
     assert stats["vocab_size"] == len(tokenizer) == 512
-    with (folder / "dataset_dict.json").open() as handle:
-        assert sorted(json.load(handle)["splits"]) == ["train", "validation"]
+    assert sorted(blocks) == ["train", "validation"]
 
 
 def test_stored_column_is_int32_input_ids_only(built):
@@ -410,7 +409,7 @@ def test_interrupted_build_leaves_nothing_and_is_never_reused(
     # A process killed outright leaves its temporary folder behind: it must be ignored.
     leftover = tmp_path / f".{built[1].name}.tmp-killed"
     leftover.mkdir()
-    (leftover / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    (leftover / "train.arrow").write_bytes(b"half a file")
     with caplog.at_level(logging.WARNING, logger="pretrain.blocks.cache"):
         folder = prepare_blocks(corpus_args, args)
     assert folder.name == built[1].name
@@ -546,7 +545,7 @@ def test_a_damaged_cache_is_found_and_built_again(
     data_args = data_args_for(tiny_tokenizer_dir, tmp_path / "cache")
     folder = prepare_blocks(corpus_args, data_args)
     good = block_array(load_blocks(folder)["train"])
-    arrow = next((folder / "train").glob("*.arrow"))
+    arrow = folder / "train.arrow"
     data = arrow.read_bytes()
     if damage == "truncated":
         arrow.write_bytes(data[: len(data) // 2])

@@ -19,7 +19,6 @@ import pytest
 import torch
 import yaml
 from accelerate.utils.other import get_free_port
-from datasets import load_from_disk
 from pretrain_runs import (
     BLOCK_SIZE,
     TINY_CONFIG,
@@ -53,6 +52,7 @@ from common.run_contract import (
     TRAIN_LOSS,
 )
 from pretrain import generate
+from pretrain.blocks.cache import load_blocks
 from pretrain.library_fixes import COMPILE_CACHE_MANIFEST, use_compile_cache
 from pretrain.run import main, parse_pretrain_args
 from report.build import write_report
@@ -144,8 +144,7 @@ def test_bits_per_byte_is_the_validation_text_s_nats_per_byte(tiny_run):
     summary = read_summary(tiny_run)
     model = AutoModelForCausalLM.from_pretrained(tiny_run / FINAL_MODEL_DIR).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_run / FINAL_MODEL_DIR)
-    blocks = load_from_disk(summary["data"]["cache_dir"])["validation"]["input_ids"]
-    input_ids = torch.tensor(blocks)
+    input_ids = load_blocks(summary["data"]["cache_dir"])["validation"][:]["input_ids"]
     with torch.no_grad():
         logits = model(input_ids=input_ids).logits[:, :-1]
     targets = input_ids[:, 1:]

@@ -38,7 +38,13 @@ from common.files import atomic_dir, damage_in, exclusive_lock, read_manifest
 from common.run_contract import DOCUMENT_SPLIT_FILE, STOP_SIGNALS
 from common.tokenization import check_tokenizer_dir, load_tokenizer
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.packing import PIPELINE_VERSION, STATS_FILE, build_blocks
+from pretrain.blocks.packing import (
+    BLOCKS_FILE,
+    PIPELINE_VERSION,
+    SPLITS,
+    STATS_FILE,
+    build_blocks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +163,9 @@ def load_blocks(cache_dir: str | Path) -> datasets.DatasetDict:
             f"{cache_dir} is not a packed-block cache (no {STATS_FILE}); "
             "make one with `prepare-blocks`"
         )
-    return datasets.load_from_disk(str(cache_dir)).with_format("torch")
+    splits = {split: str(cache_dir / BLOCKS_FILE.format(split)) for split in SPLITS}
+    blocks = {split: datasets.Dataset.from_file(path) for split, path in splits.items()}
+    return datasets.DatasetDict(blocks).with_format("torch")
 
 
 def copy_document_split(cache_dir: str | Path, run_dir: str | Path) -> None:

@@ -33,9 +33,9 @@ The rules, in the order they are applied:
 
 Memory does not grow with the corpus: documents stream through the tokenizer, token ids go to
 files in the unfinished cache folder as they come (the whole stream, then one per split), a
-document leaves 24 bytes (hash, end, size) and blocks are written one Arrow shard (<= 500 MB)
-at a time; only the reader's de-duplication record (~100 bytes a document) and the longest
-document (read whole) add to that.
+document leaves 24 bytes (hash, end, size) and each split's blocks are written to its Arrow
+file one record batch (1,000 blocks) at a time; only the reader's de-duplication record (~100
+bytes a document) and the longest document (read whole) add to that.
 
 For training, `collate_blocks` makes Trainer's batches and `BlockSchedule` counts the optimizer
 steps of one pass over the training blocks and the tokens seen after each.
@@ -44,7 +44,6 @@ steps of one pass over the training blocks and the tokens seen after each.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -56,9 +55,6 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow as pa
-from datasets.arrow_writer import ArrowWriter, get_writer_batch_size_from_data_size
-from datasets.info import DatasetInfo
-from datasets.utils.py_utils import asdict, convert_file_size_to_int
 
 from common.cli import InputError
 from common.corpus import CorpusArguments, CorpusStats, document_hash, iter_documents
@@ -71,10 +67,14 @@ from pretrain.blocks.args import DataArguments
 logger = logging.getLogger(__name__)
 
 # Bump when the blocks made from the same inputs change, so older caches are not reused.
-# 5: a document over 65,536 characters is tokenized in pieces (rule 2).
-PIPELINE_VERSION = 5
+# 5: a document over 65,536 characters is tokenized in pieces (rule 2). 6: each split is one
+# Arrow file, BLOCKS_FILE (was save_to_disk's layout); the blocks are the same.
+PIPELINE_VERSION = 6
 STATS_FILE = "stats.json"
 SPLITS = ("train", "validation")
+# A split's blocks: one Arrow stream file that `datasets.Dataset.from_file` reads.
+BLOCKS_FILE = "{}.arrow"
+BATCH_BLOCKS = 1000  # blocks per Arrow record batch, the most in memory while writing
 # Token streams spilled into the unfinished cache folder while building, removed before the end.
 STREAM_FILE = "{}.int32"
 ROUTE_CHUNK_TOKENS = 1 << 20
@@ -147,12 +147,12 @@ def build_blocks(
     started = time.perf_counter()
     num_evaluated_bytes = 0
     for split in SPLITS:
-        fingerprint = f"{context['cache_key']}-{split}"
-        for blocks in save_split(folder, split, selected[split], data_args.block_size, fingerprint):
+        stream = folder / STREAM_FILE.format(split)
+        path = folder / BLOCKS_FILE.format(split)
+        for blocks in save_split(path, stream, selected[split], data_args.block_size):
             if split == "validation":
                 num_evaluated_bytes += count_predicted_bytes(blocks, tokenizer)
-        (folder / STREAM_FILE.format(split)).unlink()
-    (folder / "dataset_dict.json").write_text(json.dumps({"splits": list(SPLITS)}))
+        stream.unlink()
     seconds["save"] = time.perf_counter() - started
 
     split_stats = {}
@@ -315,41 +315,21 @@ def unigram_entropy(token_counts: np.ndarray) -> float:
 
 
 def save_split(
-    folder: Path, split: str, selected: np.ndarray, block_size: int, fingerprint: str
+    path: Path, stream_path: Path, selected: np.ndarray, block_size: int
 ) -> Iterator[np.ndarray]:
-    """Write the `selected` blocks of a split's token stream as `Dataset.save_to_disk` writes a
-    dataset of one fixed-length int32 column `input_ids` (the same shards, record batches and
-    metadata, read back by `load_from_disk`), one record batch (<= 1,000 blocks) in memory at a
-    time; yield each batch's blocks once written."""
+    """Write the `selected` blocks of a split's token stream to `path` as an Arrow stream of one
+    fixed-length int32 column `input_ids`, its `datasets` features in the schema (what
+    `Dataset.from_file` reads), one record batch in memory at a time; yield each batch's blocks
+    once written."""
     features = datasets.Features(
         {"input_ids": datasets.List(datasets.Value("int32"), length=block_size)}
     )
-    num_bytes = len(selected) * block_size * np.dtype(np.int32).itemsize
-    max_shard_bytes = convert_file_size_to_int(datasets.config.MAX_SHARD_SIZE)
-    num_shards = min(len(selected), num_bytes // max_shard_bytes + 1)
-    batch_size = min(
-        datasets.config.DEFAULT_MAX_BATCH_SIZE,
-        get_writer_batch_size_from_data_size(len(selected), num_bytes),
-    )
-    names = [f"data-{index:05d}-of-{num_shards:05d}.arrow" for index in range(num_shards)]
-    (folder / split).mkdir()
-    for name, shard in zip(names, np.array_split(selected, num_shards), strict=True):
-        with ArrowWriter(features=features, path=str(folder / split / name)) as writer:
-            for start in range(0, len(shard), batch_size):
-                stream = np.memmap(folder / STREAM_FILE.format(split), np.int32, "r")
-                blocks = pack_blocks(stream, block_size)[0][shard[start : start + batch_size]]
-                del stream  # `blocks` is a copy: the pages read are let go with the mapping
-                values = pa.array(blocks.reshape(-1))
-                writer.write_table(
-                    pa.table({"input_ids": pa.FixedSizeListArray.from_arrays(values, block_size)})
-                )
-                yield blocks
-            writer.finalize()
-    state = {"_data_files": [{"filename": name} for name in names], "_fingerprint": fingerprint}
-    state |= {"_format_columns": None, "_format_kwargs": {}, "_format_type": None}
-    state |= {"_output_all_columns": False, "_split": None}
-    (folder / split / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-    info = asdict(DatasetInfo(features=features))  # keys sorted at the first level only
-    (folder / split / "dataset_info.json").write_text(
-        json.dumps(dict(sorted(info.items())), indent=2)
-    )
+    schema = features.arrow_schema
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for start in range(0, len(selected), BATCH_BLOCKS):
+            stream = np.memmap(stream_path, np.int32, "r")
+            blocks = pack_blocks(stream, block_size)[0][selected[start : start + BATCH_BLOCKS]]
+            del stream  # `blocks` is a copy: the pages read are let go with the mapping
+            values = pa.FixedSizeListArray.from_arrays(pa.array(blocks.reshape(-1)), block_size)
+            writer.write_batch(pa.record_batch([values], schema=schema))
+            yield blocks
