@@ -20,7 +20,7 @@ from pretrain.device import cuda_unusable_reason
 from pretrain.library_fixes import quiet_cpu_notices
 from pretrain.loss import DEFAULT_CHUNK_SIZE
 from pretrain.metrics import flops_per_token, peak_flops_per_second
-from pretrain.model import PRESETS, count_parameters, round_vocab_size
+from pretrain.model import PRESETS, round_vocab_size
 
 COURSE_CONFIG = Path(__file__).parent / "configs" / "gpt2_117m.yaml"
 COURSE_VOCAB_SIZE = 32768  # train-tokenizer's default, while the run's tokenizer is not there
@@ -54,7 +54,7 @@ def memory_estimate(args: PretrainArguments, model: GPT2LMHeadModel, batch: int)
     chunked = args.model.loss_implementation == "chunked"
     loss = (min(tokens, DEFAULT_CHUNK_SIZE) * 8 if chunked else tokens * 10) * config.vocab_size
     activations = ACTIVATION_BYTES * config.n_layer * config.n_embd * tokens
-    return [STATE_BYTES_PER_PARAMETER * count_parameters(model), activations, loss]
+    return [STATE_BYTES_PER_PARAMETER * model.num_parameters(), activations, loss]
 
 
 def memory_line(args: PretrainArguments, model: GPT2LMHeadModel, memory: int) -> str:

@@ -58,7 +58,7 @@ from common.run_contract import (
     TIME_STEPS,
     TOKENS_PER_SECOND,
 )
-from pretrain.model import count_parameters
+from pretrain.model import num_matmul_parameters
 from pretrain.parallel.strategy import local_tensor
 from pretrain.plan import RunPlan
 
@@ -77,8 +77,7 @@ def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:
     as is customary although the causal half would suffice).
     """
     config = model.config
-    num_matmul_parameters = count_parameters(model, exclude_position_embeddings=True)
-    return 6 * num_matmul_parameters + 12 * config.n_layer * config.n_embd * sequence_length
+    return 6 * num_matmul_parameters(model) + 12 * config.n_layer * config.n_embd * sequence_length
 
 
 # Dense (no sparsity) 16-bit tensor-core peak with FP32 accumulation, TFLOP/s, from the vendor

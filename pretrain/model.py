@@ -117,19 +117,17 @@ def build_model(config: GPT2Config) -> GPT2LMHeadModel:
         config.n_embd,
         config.n_head,
         config.vocab_size,
-        f"{count_parameters(model):,}",
-        f"{count_parameters(model, exclude_position_embeddings=True):,}",
+        f"{model.num_parameters():,}",
+        f"{num_matmul_parameters(model):,}",
         config._attn_implementation,
     )
     return model
 
 
-def count_parameters(model: GPT2LMHeadModel, exclude_position_embeddings: bool = False) -> int:
-    """Distinct parameters (the tied input/output embedding counts once)."""
-    total = sum(p.numel() for p in model.parameters())
-    if exclude_position_embeddings:
-        total -= model.transformer.wpe.weight.numel()
-    return total
+def num_matmul_parameters(model: GPT2LMHeadModel) -> int:
+    """transformers' `num_parameters()` (the tied token embedding counted once) less the
+    position embeddings, a lookup that takes part in no matmul."""
+    return model.num_parameters() - model.transformer.wpe.weight.numel()
 
 
 def use_causal_lm_loss(model: nn.Module) -> None:

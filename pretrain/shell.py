@@ -59,7 +59,7 @@ from pretrain.library_fixes import (
 )
 from pretrain.loss import use_chunked_loss
 from pretrain.metrics import LoopClock, TimeBudget, flops_per_token, job_peak_flops_per_second
-from pretrain.model import build_model, count_parameters
+from pretrain.model import build_model
 from pretrain.parallel.strategy import Strategy, check_processes_joined
 from pretrain.plan import plan_run
 from pretrain.run_folder import failures_in_one_line, hold_run_folder
@@ -220,7 +220,7 @@ class RunShell:
             "model_config": model.config.to_dict(),
             "precision_source": plan.precision.source,
         }
-        plan.num_parameters = count_parameters(model)
+        plan.num_parameters = model.num_parameters()
         plan.flops_per_token = flops_per_token(model, args.data.block_size)
         plan.peak_flops_per_second = job_peak_flops_per_second(
             args.report.peak_tflops, training_args.device, training_args.world_size

@@ -16,7 +16,7 @@ from pretrain.model import (
     PRESETS,
     build_model,
     build_model_config,
-    count_parameters,
+    num_matmul_parameters,
     round_vocab_size,
 )
 
@@ -71,8 +71,8 @@ def test_flops_per_token_follows_6n_plus_attention(tokenizer):
     n_layer, width, vocab, positions = 2, 64, 512, 256
     # Per layer: attention 4 d^2 + 4 d, MLP 8 d^2 + 5 d, two LayerNorms 4 d; final LayerNorm 2 d.
     matmul_params = vocab * width + n_layer * (12 * width**2 + 13 * width) + 2 * width
-    assert count_parameters(model, exclude_position_embeddings=True) == matmul_params
-    assert count_parameters(model) == matmul_params + positions * width
+    assert num_matmul_parameters(model) == matmul_params
+    assert model.num_parameters() == matmul_params + positions * width
     assert flops_per_token(model, 64) == 6 * matmul_params + 12 * n_layer * width * 64
 
 
@@ -82,7 +82,7 @@ def test_gpt2_117m_builds_and_trains_one_step_on_cpu(tokenizer):
     config = build_model_config("gpt2-117m", tokenizer, block_size=128, vocab_size=50304)
     torch.manual_seed(0)
     model = build_model(config)
-    assert count_parameters(model) == 124_475_904
+    assert model.num_parameters() == 124_475_904
     input_ids = torch.randint(0, len(tokenizer), (1, 128))
     loss = model(input_ids=input_ids, labels=input_ids).loss
     loss.backward()
