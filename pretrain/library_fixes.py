@@ -143,6 +143,8 @@ def trainer_creation_environment(log_dir: Path, regional_compilation: bool) -> I
 
 COMPILE_CACHE_MANIFEST = "compile_cache_manifest.json"
 NO_SPACE = os.strerror(errno.ENOSPC)  # in the C++ compiler's and linker's output too
+# Loggers of the compiler's output, and of inductor's traceback when it cannot save a graph.
+FULL_DISK_LOGGERS = ("torch._functorch._aot_autograd.graph_compile", "torch._inductor.codecache")
 
 
 def use_compile_cache(folder: Path, explicit: bool) -> Path | None:
@@ -209,8 +211,9 @@ def compiled_once(cache: Path | None = None) -> Iterator[None]:
 
     dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
     dynamo_log.addFilter(keep_reason)
-    compile_log = logging.getLogger("torch._functorch._aot_autograd.graph_compile")
-    compile_log.addFilter(drop_full_disk)
+    compile_logs = [logging.getLogger(name) for name in FULL_DISK_LOGGERS]
+    for compile_log in compile_logs:
+        compile_log.addFilter(drop_full_disk)
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             yield
@@ -239,7 +242,8 @@ def compiled_once(cache: Path | None = None) -> Iterator[None]:
         ) from err
     finally:
         dynamo_log.removeFilter(keep_reason)
-        compile_log.removeFilter(drop_full_disk)
+        for compile_log in compile_logs:
+            compile_log.removeFilter(drop_full_disk)
 
 
 # Lines libraries log on every CPU run that say nothing about it, by logger: the run logs the

@@ -22,6 +22,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 from common.cli import entry_point, parse_args
 from common.corpus import WOS_TEXT_FILE
 from probe.labels import (
@@ -93,12 +95,16 @@ REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements.txt"
 
 
 def check_pinned_versions(modules: list[str]) -> None:
-    """Refuse to build from a package whose installed version is not the pinned one: its
-    docstrings, and so the corpus, would differ from every other machine's."""
-    pins = dict(
-        line.strip().lower().split("==") for line in REQUIREMENTS.read_text().splitlines()
-        if "==" in line and not line.startswith("#")
-    )  # fmt: skip
+    """Refuse to build from a package whose installed version is not the pinned one (`==`, or
+    a range's upper bound, which a fresh install gets): its docstrings, and so the corpus,
+    would differ from every other machine's."""
+    pins = {}
+    for line in REQUIREMENTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            pins[requirement.name.lower()] = next(
+                spec.version for spec in requirement.specifier if spec.operator in ("==", "<=")
+            )
     distributions = importlib.metadata.packages_distributions()
     for module in modules:
         (name,) = distributions[module.split(".")[0]]

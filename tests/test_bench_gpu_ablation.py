@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_ablation, variants
-from common.run_contract import GPT_SUMMARY_FILE, GPT_SUMMARY_VERSION
+from common.run_contract import GPT_REQUIRED_KEYS, GPT_SUMMARY_FILE, GPT_SUMMARY_VERSION
 from tokenizer.train import STATS_FILE
 
 pytestmark = pytest.mark.multiprocess
@@ -74,8 +74,10 @@ def test_a_summary_unreadable_or_of_another_version_is_not_read_back(tmp_path):
     command, run_dir = ["python", "pretrain/run.py", "--max_steps", "2"], tmp_path / "run"
     run_dir.mkdir()
     (tmp_path / "run.log").write_text(shlex.join(command) + "\n")
-    for version in (None, GPT_SUMMARY_VERSION + 1, GPT_SUMMARY_VERSION - 1, GPT_SUMMARY_VERSION):
-        text = "{" if version is None else json.dumps({"summary_version": version})
-        (run_dir / GPT_SUMMARY_FILE).write_text(text)
+    whole = {key: None for key in GPT_REQUIRED_KEYS} | {"summary_version": GPT_SUMMARY_VERSION}
+    lacking_a_key = {key: value for key, value in whole.items() if key != "final_loss"}
+    other_versions = [{"summary_version": GPT_SUMMARY_VERSION + step} for step in (1, -1)]
+    for summary in ["{", *other_versions, lacking_a_key, whole]:
+        (run_dir / GPT_SUMMARY_FILE).write_text(summary if summary == "{" else json.dumps(summary))
         read_back = variants.finished_earlier(command, run_dir)
-        assert read_back == (json.loads(text) if version == GPT_SUMMARY_VERSION else None)
+        assert read_back == (whole if summary is whole else None)
