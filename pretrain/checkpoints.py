@@ -1,16 +1,9 @@
 """Checkpoints that are whole or ignored, resume only of the same run, and the faults that stop
 a run: a diverged loss, a signal to save and stop.
 
-- Trainer writes `checkpoint-<step>/` file by file; `CheckpointManifestCallback` then records
-  every file's size and checksum and what defines the run (`run_identity`) in
-  `checkpoint_manifest.json`, written last and atomically. A checkpoint is complete when its
-  manifest is there and every file still matches it (`checkpoint_damage`): a save cut short by a
-  crash, a full disk or a damaged file never looks complete, and `--resume_from_checkpoint auto`
-  takes the newest complete one.
-- Resuming checks that the checkpoint's run is this run (same data, tokenizer, budget, global
-  batch, model shape and schedule) and names the differences otherwise.
-- `DivergenceCallback` stops a run whose loss or gradient went NaN or infinite and saves nothing
-  of it; `CheckpointOnSignalCallback` saves a checkpoint and stops on SIGTERM or SIGUSR1.
+A checkpoint is complete when its manifest (every file's size and checksum and `run_identity`,
+written last by `CheckpointManifestCallback`) is there and every file still matches it: a save
+cut short never looks complete. Resuming refuses a checkpoint of another run, naming what differs.
 """
 
 from __future__ import annotations
@@ -67,6 +60,13 @@ RESUME_AUTO = "auto"
 # The scheme of `run_identity`, recorded in it. 1 (not recorded, releases before it): the
 # tokenizer's files hashed by their bytes, not their JSON files by their parsed content.
 IDENTITY_VERSION = 2
+# What `run_identity` takes from the data settings, the model config and the training options.
+IDENTITY_DATA_SETTINGS = ("validation_fraction", "split_seed", "max_train_tokens", "repeat_corpus")
+IDENTITY_MODEL_SHAPE = ("vocab_size", "n_layer", "n_embd", "n_head", "n_positions")
+IDENTITY_TRAINING_OPTIONS = (
+    "optim", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
+    "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "seed",
+)  # fmt: skip
 # Files that mark a finished run in the run folder.
 FINISHED_RUN_MARKERS = (GPT_SUMMARY_FILE, FINAL_MODEL_DIR)
 
@@ -85,12 +85,8 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
 
 
 def checkpoint_damage(checkpoint_dir: Path, adopt: bool = False) -> str | None:
-    """Why a checkpoint cannot be resumed from, or None when it is whole.
-
-    A checkpoint with a manifest is whole while every file matches it. One without is judged by
-    loading what Trainer resumes from (its state, weights, optimizer); when that works and
-    `adopt` is set, its manifest is written now (with no run identity to compare).
-    """
+    """Why a checkpoint cannot be resumed from, or None when it is whole: every file matches its
+    manifest, or without one, what Trainer resumes from loads (then `adopt` writes a manifest)."""
     manifest = read_manifest(checkpoint_dir)
     if manifest is not None:
         if TRAINER_STATE_NAME not in manifest["files"]:  # e.g. a run's final/ model
@@ -105,8 +101,7 @@ def checkpoint_damage(checkpoint_dir: Path, adopt: bool = False) -> str | None:
 
 
 def unsealed_checkpoint_damage(checkpoint_dir: Path) -> str | None:
-    """Why a checkpoint without a manifest does not load, or None when every file Trainer
-    resumes from loads (a save cut short leaves a truncated file or none)."""
+    """Why a checkpoint without a manifest does not load (a save cut short), or None."""
     if not any(checkpoint_dir.glob("model*.safetensors")) and not any(
         checkpoint_dir.glob("pytorch_model*.bin")
     ):
@@ -144,33 +139,19 @@ def run_identity(
     another model than the one the checkpoint belongs to. The processes and the per-process
     batch may change, as long as the global batch stays."""
     settings = data["settings"]
+    options = {name: getattr(training_args, name) for name in IDENTITY_TRAINING_OPTIONS}
     return {
         "identity_version": IDENTITY_VERSION,
         "corpus": data["corpus_fingerprint"],
         "tokenizer": data["tokenizer_files_sha256"],
         "block_size": schedule.block_size,
-        "validation_fraction": settings["validation_fraction"],
-        "split_seed": settings["split_seed"],
-        "max_train_tokens": settings["max_train_tokens"],
-        "repeat_corpus": settings["repeat_corpus"],
+        **{name: settings[name] for name in IDENTITY_DATA_SETTINGS},
         "global_batch_blocks": schedule.batch_blocks,
         "max_steps": schedule.max_steps,
-        "vocab_size": model_config.vocab_size,
-        "n_layer": model_config.n_layer,
-        "n_embd": model_config.n_embd,
-        "n_head": model_config.n_head,
-        "n_positions": model_config.n_positions,
-        "optim": str(training_args.optim),
-        "learning_rate": training_args.learning_rate,
-        "lr_scheduler_type": str(training_args.lr_scheduler_type),
-        "lr_scheduler_kwargs": training_args.lr_scheduler_kwargs,
-        "warmup_steps": training_args.warmup_steps,
-        "weight_decay": training_args.weight_decay,
-        "adam_beta1": training_args.adam_beta1,
-        "adam_beta2": training_args.adam_beta2,
-        "adam_epsilon": training_args.adam_epsilon,
-        "max_grad_norm": training_args.max_grad_norm,
-        "seed": training_args.seed,
+        **{name: getattr(model_config, name) for name in IDENTITY_MODEL_SHAPE},
+        **options,
+        "optim": str(options["optim"]),
+        "lr_scheduler_type": str(options["lr_scheduler_type"]),
     }
 
 
@@ -205,17 +186,10 @@ def identity_differences(
 def resolve_resume_checkpoint(
     output_dir: str | Path, requested: str | None, is_main: bool
 ) -> tuple[Path | None, list[dict[str, str]]]:
-    """The checkpoint to resume from (None: start fresh), checking the run folder first, and
-    the checkpoints `auto` skipped (each with why, and where it was moved).
-
-    `requested` is `--resume_from_checkpoint`: None (a new run: the folder must not hold an
-    earlier run), "auto" (the newest complete checkpoint, or a fresh start if there is none),
-    or a checkpoint path, which must be complete. A checkpoint without a manifest that loads
-    (written by plain transformers, or before manifests existed) is adopted: its manifest is
-    written now. The main process moves the damaged checkpoints newer than the chosen one
-    aside (`damaged-checkpoint-<step>/`, which neither resuming nor checkpoint rotation reads),
-    never deleting them.
-    """
+    """The checkpoint `requested` by --resume_from_checkpoint (None: a new run, in a folder
+    holding no earlier one; "auto": the newest complete one, if any; or a path, which must be
+    complete), and those `auto` skipped, each with why and where the main process moved it
+    (`damaged-checkpoint-<step>/`, which neither resuming nor rotation reads; never deleted)."""
     output_dir = Path(output_dir)
     checkpoints = list_checkpoints(output_dir)
     if requested is None:
@@ -304,25 +278,19 @@ def check_adopted_checkpoint(checkpoint: Path, validation: Any) -> dict[str, Any
 
 def warn_if_longer_than_grace(save_seconds: float, checkpoint_dir: Path) -> None:
     """Warn when a checkpoint took longer to save than launch-pretraining waits after a stop
-    signal (its STOP_GRACE_VARIABLE) before it kills the processes: a save on the signal
-    would be lost."""
+    signal before it kills the processes: a save on the signal would be lost."""
     grace = stop_grace_seconds()
     if save_seconds > grace:
         logger.warning(
             "%s took %.0f s to save, longer than the %g s launch-pretraining waits after a stop "
             "signal: raise %s (and the job's --signal lead time to match)",
-            checkpoint_dir.name,
-            save_seconds,
-            grace,
-            STOP_GRACE_VARIABLE,
-        )
+            checkpoint_dir.name, save_seconds, grace, STOP_GRACE_VARIABLE,
+        )  # fmt: skip
 
 
 class CheckpointManifestCallback(TrainerCallback):
-    """Seal each checkpoint once Trainer has written all of it: every file's size and checksum,
-    the run's identity and the seconds the save took, in a manifest written last (by the main
-    process, after every process has written its shards). `saves` lists each save's step and
-    seconds (from the end of the step's logging to the manifest)."""
+    """Seal each checkpoint once every process has written its shards: the main process writes
+    the manifest with the run's identity and the save's seconds, also listed in `saves`."""
 
     def __init__(self, identity: dict[str, Any]) -> None:
         self.identity = identity
@@ -367,13 +335,9 @@ def divergence(readings: dict[str, float | None]) -> str | None:
 
 
 class DivergenceCallback(TrainerCallback):
-    """Stop a run whose loss or gradient norm became NaN or infinite, at the logging step that
-    shows it, and save no checkpoint of the broken weights.
-
-    Both readings are the same on every process (the loss is averaged over them, the gradient
-    norm is the whole model's), so all stop at the same step. Under fp16 loss scaling an
-    infinite gradient is a skipped step, not a divergence: only the loss counts there.
-    """
+    """Stop a run whose loss or gradient norm became NaN or infinite, saving no checkpoint of
+    it; both readings are the same on every process, so all stop at the same step. Under fp16
+    loss scaling an infinite gradient is a skipped step, not a divergence."""
 
     diverged_at_step: int | None = None
     reading: str | None = None
@@ -412,9 +376,8 @@ def weights_are_finite(model: torch.nn.Module, device: torch.device) -> bool:
 
 
 class StopRequested(BaseException):
-    """SIGTERM or SIGUSR1 before the training loop: the run stops at once, unwinding (a folder
-    it created and holds nothing else is removed). A BaseException, so that no handler of
-    ordinary errors keeps going."""
+    """SIGTERM or SIGUSR1 before the training loop: the run unwinds at once; a BaseException,
+    so that no handler of ordinary errors keeps going."""
 
     def __init__(self, received: signal.Signals) -> None:
         super().__init__(received.name)
@@ -431,16 +394,10 @@ def leave_stops_to_trainer(worker_init_fn: Callable[[int], None] | None, worker_
 
 
 class CheckpointOnSignalCallback(TrainerCallback):
-    """SIGTERM and SIGUSR1 (Slurm's warning before the time limit, `scancel`, preemption) for
-    the whole run, while `caught()` lasts: before the training loop they stop the run at once
-    (`StopRequested`); inside it, a checkpoint at the end of the current optimizer step, then
-    the run stops; after its last step the run finishes (final model, evaluation, summary).
-
-    Inside the loop the handler only sets a flag. With several processes, every rank must stop
-    at the same step (or the others would wait forever in the next all-reduce), so the ranks
-    agree through one small all-reduce every `--logging_steps` steps, when Trainer
-    synchronises anyway; a single process checks after every step.
-    """
+    """SIGTERM and SIGUSR1 (Slurm's warning, `scancel`, preemption) while `caught()` lasts:
+    before the loop they stop the run at once (`StopRequested`); inside it, a checkpoint at the
+    end of the step, then the run stops; after its last step the run finishes. Every rank must
+    stop at the same step, so they agree by an all-reduce every `--logging_steps` steps."""
 
     received: signal.Signals | None = None
     stopped_at_step: int | None = None
