@@ -1,24 +1,11 @@
 """Where every speed and size a run reports comes from: the loop's clock (tokens/s, first
-step), MFU (FLOPs per token over the devices' peak FLOP/s), the GPU's readings and
-`nvidia-smi` snapshot, and what each process holds (parameters, optimizer state, peak memory).
+step), MFU, the GPU's readings and `nvidia-smi` snapshot, and what each process holds.
 
-The Trainer callbacks hook only into moments where Trainer already synchronises with the device
-(its logging steps), so they add no stall to the steps in between. Every GPU function is a
-no-op (or returns None) on a machine without an NVIDIA GPU, so training code calls them
-unconditionally.
-
-What one process holds is what it really keeps, whatever the parallelism: a tensor-parallel or
-FSDP2 parameter (a DTensor) counts its local shard, a DeepSpeed ZeRO-3 parameter its local
-partition (`ds_tensor`), a tied weight once. The optimizer state is every tensor the optimizer
-keeps per parameter (AdamW: two moments and a step count) plus the parameters it updates that
-are not the model's own: the fp32 master copies of mixed precision and DeepSpeed's flat
-partitions. `LoopClock.stop` gathers every process's record (`rank_footprint`) after the last
-optimizer step.
-
-Peak memory: on CUDA the most bytes of tensors allocated at once (`max_memory_allocated`); on
-CPU the peak resident set of the whole process (`getrusage`), which includes the interpreter,
-the libraries and the data: compare it between processes and strategies, not with the
-parameter bytes.
+The callbacks act only at Trainer's logging steps, where it synchronises with the device anyway;
+every GPU function is a no-op without an NVIDIA GPU. What one process holds is its local shard
+of each parameter (DTensor, ZeRO-3 partition), a tied weight once; its optimizer state includes
+the parameters the optimizer updates that are not the model's (fp32 master copies). Peak memory
+on CPU is the whole process's resident set: compare it between strategies, not with parameters.
 """
 
 from __future__ import annotations
@@ -68,23 +55,16 @@ logger = logging.getLogger(__name__)
 
 
 def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:
-    """Training FLOPs per token (forward + backward), the PaLM appendix B estimate.
-
-    6 N + 12 L d T, where N counts the parameters that take part in matmuls (all but the
-    position embeddings; the tied token embedding counts once because the output layer
-    multiplies by it, 2 V d FLOPs per token forward), L layers, d = heads x head size the
-    model width, T the sequence length (attention scores and weighted values, full square
-    as is customary although the causal half would suffice).
-    """
+    """Training FLOPs per token, PaLM's appendix B: 6 N + 12 L d T, N the parameters in matmuls
+    (the tied embedding once: the output layer multiplies by it), L layers, d the width, T the
+    sequence length (the full attention square, as is customary)."""
     config = model.config
     return 6 * num_matmul_parameters(model) + 12 * config.n_layer * config.n_embd * sequence_length
 
 
-# Dense (no sparsity) 16-bit tensor-core peak with FP32 accumulation, TFLOP/s, from the vendor
-# datasheets. MFU is reported against this number whatever the precision, as is customary
-# (PaLM, nanoGPT); a GPU not listed here gets MFU only with an explicit peak. First match wins,
-# so variants come before the plain name: a device name matches an entry when it contains all
-# of the entry's words.
+# Dense 16-bit tensor-core peak with FP32 accumulation, TFLOP/s (datasheets); MFU is against it
+# whatever the precision (PaLM, nanoGPT). A name matches an entry holding all its words; the
+# first match wins, so variants come before the plain name.
 PEAK_TFLOPS_16BIT: tuple[tuple[tuple[str, ...], float], ...] = (
     (("B200",), 2250.0),
     (("GH200",), 989.0),
@@ -118,8 +98,8 @@ def accelerator_name(device: torch.device) -> str:
 def job_peak_flops_per_second(
     peak_tflops: float | None, device: torch.device, num_devices: int
 ) -> float | None:
-    """The whole job's peak FLOP/s: one device's (`peak_tflops` when given, else looked up by
-    the GPU's name) times the devices, each running the model on its share of the batch."""
+    """The whole job's peak FLOP/s: one device's (`peak_tflops`, else by the GPU's name) times
+    the devices."""
     one_device = (
         peak_tflops * 1e12 if peak_tflops else peak_flops_per_second(accelerator_name(device))
     )
@@ -171,12 +151,8 @@ def model_flops_utilization(
 
 
 class GpuReadings:
-    """Utilisation, memory in use and power draw of one CUDA device, keyed by TensorBoard tag.
-
-    torch.cuda reads them through NVML (and finds the device NVML numbers differently under
-    CUDA_VISIBLE_DEVICES); without a GPU `read()` returns an empty dict, and the first failed
-    reading (no NVML library) says so once and stops the readings.
-    """
+    """Utilisation, memory in use and power draw of one CUDA device (through torch's NVML
+    calls), keyed by TensorBoard tag; the first failed reading says so once and stops them."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device if device.type == "cuda" else None
@@ -283,11 +259,8 @@ LOOP = "loop"  # the phase LoopClock times, split into first step, saves and ste
 
 
 class TimeBudget:
-    """Where a run's wall seconds go, from the process launch to the summary: phases timed back
-    to back (each `lap` gives the seconds since the previous one to a phase), the training loop
-    split into its first step (compilation, warm-up), its checkpoint saves and its other steps.
-    `seconds(...)` adds up to the wall time; what no phase claims is `other`.
-    """
+    """Where a run's wall seconds go from the process launch: phases timed back to back (`lap`),
+    the loop split into its first step, its checkpoint saves and its other steps."""
 
     def __init__(self, launched_at: float | None = None) -> None:
         self.launched_at = self._last = launched_at or psutil.Process().create_time()
@@ -331,15 +304,9 @@ def graphs_compiled() -> int:
 
 
 class LoopClock:
-    """Times a training loop, whichever it is: the whole loop, its first step (compilation
-    happens there), and each logging window's tokens/s and MFU with the GPU's readings, as
-    TensorBoard scalars; takes one `nvidia-smi` snapshot halfway through, and at the end what
-    each process holds (`ranks`, rank_footprint's records, in rank order).
-
-    The loop calls `start` before its first step, `step_done` after each step, `window` at each
-    logging step (where it synchronises with the device anyway), and `stop` after the last, on
-    every process (after at least one optimizer step: the optimizer's state exists then).
-    """
+    """Times either training loop: the whole loop, its first step, each logging window's
+    scalars (`window`); one `nvidia-smi` snapshot halfway, and at `stop` (every process, after
+    an optimizer step) what each process holds (`ranks`, in rank order)."""
 
     def __init__(
         self, run: RunPlan, device: torch.device, snapshot_path: Path, budget: TimeBudget
@@ -389,9 +356,8 @@ class LoopClock:
         return scalars
 
     def stop(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """End the loop's time, then gather every process's footprint: before the final save
-        and the evaluation gather sharded weights (after them an FSDP2 process was seen holding
-        two thirds of the model's weights instead of half)."""
+        """End the loop's time and gather every process's footprint, before the final save and
+        the evaluation gather sharded weights."""
         if self.loop_start is not None:
             self.loop_seconds = time.perf_counter() - self.loop_start
         self.budget.lap(LOOP)
@@ -425,10 +391,8 @@ class ThroughputCallback(TrainerCallback):
 
 
 def clock_trainer(trainer: Trainer, clock: LoopClock, log_dir: Path, start_step: int) -> None:
-    """Time `trainer`'s loop with `clock`, its scalars into Trainer's TensorBoard writer, which
-    draws one continuous curve for a resumed run: the events an interrupted run wrote after its
-    last checkpoint (steps > `start_step`) would overlap the resumed run's, and the writer's
-    `purge_step` makes TensorBoard drop them."""
+    """Time `trainer`'s loop with `clock`, its scalars into Trainer's TensorBoard writer; for a
+    resumed run, `purge_step` drops the events written after its last checkpoint."""
     callbacks = trainer.callback_handler.callbacks
     tensorboard = next((c for c in callbacks if isinstance(c, TensorBoardCallback)), None)
     trainer.add_callback(ThroughputCallback(tensorboard, clock))
