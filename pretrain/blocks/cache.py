@@ -1,22 +1,19 @@
-"""The packed-block cache: tokenize the corpus once and keep its blocks as Arrow, reused while
-its inputs are the same and its files whole.
-
-    prepare-blocks --corpus data/WebOfScience.zip --tokenizer_dir runs/tokenizer \\
-        --max_train_tokens 12000000
+"""The packed-block cache (made by `prepare-blocks`): tokenize the corpus once and keep its
+blocks as Arrow, reused while its inputs are the same and its files whole.
 
 The cache folder's name is a hash of the corpus fingerprint, the tokenizer files' content, the
-block size, the split and budget settings and `PIPELINE_VERSION`; the folder is written under a
-temporary name and renamed when complete, so a build that was interrupted is never reused.
-`stats.json` inside it records the counts (documents, tokens, bytes per split), the dropped
-remainders, the unigram entropy of the training stream in nats (the loss of the best model
-that ignores context) and, last, the size and checksum of every other file: each reuse checks
-them, and a damaged cache (a truncated or overwritten file) is built again. One process builds
-a given cache at a time (a lock beside it); the others wait and reuse it.
+block size, the split and budget settings and `PIPELINE_VERSION`; it is written under a
+temporary name and renamed when complete, so an interrupted build is never reused. Its
+`stats.json` records the counts per split, the dropped remainders, the training stream's
+unigram entropy in nats (the loss of the best model that ignores context) and, last, the size
+and checksum of every other file: each reuse checks them, and a damaged cache is built again.
+One process builds a given cache at a time (a lock beside it); the others wait and reuse it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -38,13 +35,7 @@ from common.files import atomic_dir, damage_in, exclusive_lock, read_manifest
 from common.run_contract import DOCUMENT_SPLIT_FILE, STOP_SIGNALS
 from common.tokenization import check_tokenizer_dir, load_tokenizer
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.packing import (
-    BLOCKS_FILE,
-    PIPELINE_VERSION,
-    SPLITS,
-    STATS_FILE,
-    build_blocks,
-)
+from pretrain.blocks.packing import BLOCKS_FILE, PIPELINE_VERSION, SPLITS, STATS_FILE, build_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -53,30 +44,26 @@ CACHE_FOLDER_PREFIX = "blocks"
 STATS_KEY_TYPES = {"corpus_fingerprint": str, "tokenizer_files_sha256": str, "settings": dict}
 # The files that define a tokenizer (whichever of them a folder has); model weights saved in the
 # same folder do not change the token ids and are not hashed.
-TOKENIZER_FILE_NAMES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-)
+TOKENIZER_FILE_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                        "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt",
+                        "tokenizer.model", "spiece.model")  # fmt: skip
 
 
 def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, tokenizer=None) -> Path:
-    """Build (or reuse) the Arrow cache of packed blocks; return its folder.
-
-    `tokenizer` is the one loaded from `data_args.tokenizer_dir` when the caller already has
-    it; otherwise it is loaded only when the blocks must be built (a cache hit needs only the
-    tokenizer files' bytes). Every check that needs no tokenization runs first. Raises
-    InputError on bad input.
-    """
+    """Build (or reuse) the Arrow cache of packed blocks; return its folder. `tokenizer`: the
+    caller's, loaded from `data_args.tokenizer_dir`; else it is loaded only to build (a cache
+    hit needs only the tokenizer files' bytes). The checks that need no tokenization run first."""
     check_tokenizer_dir(data_args.tokenizer_dir)
     cache_root = Path(data_args.cache_dir)
-    check_writable(cache_root)
+    try:  # fail now, not after tokenizing, when the cache cannot be written
+        cache_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache_root):
+            pass
+    except OSError as err:
+        raise InputError(
+            f"cache folder {cache_root} is not writable ({err.strerror}); "
+            "pass --cache_dir with a folder you can write to"
+        ) from None
     fingerprint = corpus_fingerprint(corpus_args)
     tokenizer_digest = tokenizer_files_digest(data_args.tokenizer_dir)
     key = cache_key(fingerprint, tokenizer_digest, data_args)
@@ -177,24 +164,10 @@ def read_stats(cache_dir: str | Path) -> dict[str, Any]:
     return json.loads((Path(cache_dir) / STATS_FILE).read_text(encoding="utf-8"))
 
 
-def check_writable(folder: Path) -> None:
-    """Fail now, not after tokenizing, when the cache cannot be written."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        raise InputError(
-            f"cache folder {folder} is not writable ({err.strerror}); "
-            "pass --cache_dir with a folder you can write to"
-        ) from None
-
-
 def tokenizer_files_digest(tokenizer_dir: str | Path, canonical_json: bool = True) -> str:
-    """SHA-256 over the names and contents of the tokenizer files in the folder; a JSON file's
-    content is its parsed value serialised canonically, so a re-indented or re-ordered
-    `tokenizer.json` is the same tokenizer (without `canonical_json`: its bytes, as releases
-    before it hashed them)."""
+    """SHA-256 over the names and contents of the folder's tokenizer files, a JSON file's as its
+    value serialised canonically (a re-indented `tokenizer.json` is the same tokenizer); without
+    `canonical_json` its bytes, as older releases hashed them."""
     digest = hashlib.sha256()
     for name in TOKENIZER_FILE_NAMES:
         path = Path(tokenizer_dir) / name
@@ -210,15 +183,8 @@ def tokenizer_files_digest(tokenizer_dir: str | Path, canonical_json: bool = Tru
 
 
 def cache_key(corpus_digest: str, tokenizer_digest: str, args: DataArguments) -> str:
-    """Short hash of everything the blocks depend on."""
-    settings = {
-        "pipeline_version": PIPELINE_VERSION,
-        "corpus": corpus_digest,
-        "tokenizer": tokenizer_digest,
-        "block_size": args.block_size,
-        "validation_fraction": args.validation_fraction,
-        "split_seed": args.split_seed,
-        "max_train_tokens": args.max_train_tokens,
-        "repeat_corpus": args.repeat_corpus,
-    }
+    """Short hash of everything the blocks depend on: every setting but the two folders."""
+    settings = {"corpus": corpus_digest, "tokenizer": tokenizer_digest, **dataclasses.asdict(args)}
+    del settings["tokenizer_dir"], settings["cache_dir"]
+    settings["pipeline_version"] = PIPELINE_VERSION
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]

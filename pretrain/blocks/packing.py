@@ -1,44 +1,32 @@
 """The packing rules: how the corpus becomes fixed-length blocks of token ids (the cache that
-holds them: pretrain/blocks/cache.py).
-
-The rules, in the order they are applied:
+holds them: pretrain/blocks/cache.py), in the order they are applied:
 
 1. Documents come from the shared corpus reader (`common.corpus.iter_documents`), in its order.
-2. Tokenization is `tokenizers`' batch encode over batches of documents (fast tokenizer, no
-   special tokens added by the tokenizer, special-token text inside a document read as plain
-   text); `<|endoftext|>` (the tokenizer's eos token) is appended after every document, so it
-   marks exactly the document boundaries in the stream. A document longer than 65,536
-   characters is tokenized in pieces, each cut just before the last space within that limit
-   (at the limit when there is none; `common.tokenization.cut_into_pieces`): with GPT-2's
-   byte-level pre-tokenizer a cut before a space changes no token, with others the tokens at a
-   cut may differ from the uncut text's.
+2. Tokenization is `tokenizers`' batch encode (no special tokens added, special-token text
+   inside a document read as plain text); `<|endoftext|>` (the eos token) follows every
+   document, so it marks exactly the document boundaries. A document longer than 65,536
+   characters is tokenized in pieces cut before a space (`common.tokenization.cut_into_pieces`):
+   with GPT-2's byte-level pre-tokenizer that changes no token, with others it may at a cut.
 3. The split is by document: each document gets a 64-bit hash of its text keyed by
    `--split_seed`; the documents with the smallest hashes, `ceil(validation_fraction x
-   documents)` of them, and more until they fill at least one block, are the validation split.
-   A document's split therefore depends only on its text and the seed, not on its position or
-   on the rest of the corpus. `document_split.json` in the cache folder (and in every run
-   folder trained on it) lists each split's document hashes. A corpus whose documents cannot
-   be split so (too few of them, e.g. one long document) is refused as such.
-4. Each split's token stream (its documents in corpus order, eos after each) is cut into
-   `block_size` blocks over the whole stream: blocks never depend on how the text was batched,
-   and at most one remainder (< block_size tokens) per split is dropped.
-5. `--max_train_tokens` keeps exactly `ceil(max_train_tokens / block_size)` training blocks
-   (12,000,000 tokens -> 11,719 blocks of 1024): the first ones of a shuffle of the packed
-   blocks seeded by `--split_seed`, so the budget is a uniform sample of the corpus, not its
-   first documents, and a smaller budget's blocks are a prefix of a larger one's. A corpus with
-   fewer blocks than the budget is an error unless `--repeat_corpus`: then further shuffles
-   (passes over the whole corpus) follow the first until the budget is filled. Without a budget
-   all training blocks are kept, in stream order.
-6. Only `input_ids` is stored (int32, fixed length `block_size`); the model shifts the labels.
+   documents)` of them and more until they fill a block, are the validation split, so a
+   document's split depends only on its text and the seed. `document_split.json` (in the cache
+   and every run folder trained on it) lists each split's document hashes. A corpus that cannot
+   be split so (too few documents, e.g. one long one) is refused as such.
+4. Each split's token stream (its documents in corpus order) is cut into `block_size` blocks
+   over the whole stream, so blocks never depend on batching; at most one remainder per split
+   is dropped.
+5. `--max_train_tokens` keeps exactly `ceil(max_train_tokens / block_size)` training blocks,
+   the first of a shuffle of the packed blocks seeded by `--split_seed`: a uniform sample of
+   the corpus, a smaller budget's blocks a prefix of a larger one's. Fewer blocks than the
+   budget is an error unless `--repeat_corpus`: then further shuffles follow until the budget
+   is filled. Without a budget all training blocks are kept, in stream order.
+6. Only `input_ids` is stored (int32, length `block_size`); the model shifts the labels.
 
-Memory does not grow with the corpus: documents stream through the tokenizer, token ids go to
-files in the unfinished cache folder as they come (the whole stream, then one per split), a
-document leaves 24 bytes (hash, end, size) and each split's blocks are written to its Arrow
-file one record batch (1,000 blocks) at a time; only the reader's de-duplication record (~100
-bytes a document) and the longest document (read whole) add to that.
-
-For training, `collate_blocks` makes Trainer's batches and `BlockSchedule` counts the optimizer
-steps of one pass over the training blocks and the tokens seen after each.
+Memory does not grow with the corpus: token ids go to files in the unfinished cache folder as
+they come (the whole stream, then one per split), a document leaves 24 bytes, and each split's
+Arrow file is written 1,000 blocks at a time; only the reader's de-duplication record (~100
+bytes a document) and the longest document add to that.
 """
 
 from __future__ import annotations
@@ -96,7 +84,7 @@ def build_blocks(
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     corpus_stats = CorpusStats()
-    split_key = str(data_args.split_seed)
+    split_key, block_size = str(data_args.split_seed), data_args.block_size
     # Per document: its keyed hash, its bytes as a line of X.txt (UTF-8 text and newline), and
     # where its tokens end in the stream.
     hashes, document_bytes, batch_ends = array("Q"), array("q"), []
@@ -122,25 +110,36 @@ def build_blocks(
     started = time.perf_counter()
     hashes = np.frombuffer(hashes, np.uint64)
     is_validation = choose_validation_documents(
-        hashes, document_lengths, data_args.validation_fraction, data_args.block_size
+        hashes, document_lengths, data_args.validation_fraction, block_size
     )
     num_split_tokens = {"validation": int(document_lengths[is_validation].sum())}
     num_split_tokens["train"] = num_tokens - num_split_tokens["validation"]
-    num_packed = {split: n // data_args.block_size for split, n in num_split_tokens.items()}
+    num_packed = {split: n // block_size for split, n in num_split_tokens.items()}
     selected = {split: np.arange(n) for split, n in num_packed.items()}
     if data_args.max_train_tokens is not None:
-        num_selected = num_budget_blocks(data_args.max_train_tokens, data_args.block_size)
+        num_selected = num_budget_blocks(data_args.max_train_tokens, block_size)
         if num_selected > num_packed["train"] and not data_args.repeat_corpus:
             raise InputError(
                 f"the training split has {num_split_tokens['train']:,} tokens "
-                f"({num_packed['train']:,} blocks of {data_args.block_size}), fewer than "
+                f"({num_packed['train']:,} blocks of {block_size}), fewer than "
                 f"--max_train_tokens {data_args.max_train_tokens:,} ({num_selected:,} blocks); "
                 "pass --repeat_corpus to repeat it, lower --max_train_tokens or add documents"
             )
         selected["train"] = select_training_blocks(
             num_packed["train"], num_selected, data_args.split_seed
         )
-    write_document_split(folder / DOCUMENT_SPLIT_FILE, hashes, is_validation, split_key)
+    # Which documents each split holds, by keyed hash: what later stages (the probe) read to
+    # know which texts pretraining trained on and which it held out.
+    split_hashes = (("validation", is_validation), ("train", ~is_validation))
+    write_json_atomic(
+        folder / DOCUMENT_SPLIT_FILE,
+        {
+            "hash": "BLAKE2b, 8 bytes, of each document's UTF-8 text keyed by `key` "
+            "(common.corpus.document_hashes), as 16 hex digits",
+            "key": split_key,
+            **{split: [f"{value:016x}" for value in hashes[mask]] for split, mask in split_hashes},
+        },
+    )
     token_counts = route_tokens(folder, document_ends, is_validation, len(tokenizer))
     seconds["pack"] = time.perf_counter() - started
 
@@ -149,7 +148,7 @@ def build_blocks(
     for split in SPLITS:
         stream = folder / STREAM_FILE.format(split)
         path = folder / BLOCKS_FILE.format(split)
-        for blocks in save_split(path, stream, selected[split], data_args.block_size):
+        for blocks in save_split(path, stream, selected[split], block_size):
             if split == "validation":
                 num_evaluated_bytes += count_predicted_bytes(blocks, tokenizer)
         stream.unlink()
@@ -163,15 +162,12 @@ def build_blocks(
             "num_tokens": num_split_tokens[split],
             "num_bytes": int(document_bytes[in_split].sum()),
             "num_packed_blocks": num_packed[split],
-            "num_dropped_tokens": num_split_tokens[split]
-            - num_packed[split] * data_args.block_size,
+            "num_dropped_tokens": num_split_tokens[split] - num_packed[split] * block_size,
             "num_blocks": len(selected[split]),
             "passes_over_packed_blocks": len(selected[split]) / num_packed[split],
             "unigram_entropy_nats": unigram_entropy(token_counts[split]),
         }
-    split_stats["validation"]["num_evaluated_tokens"] = num_packed["validation"] * (
-        data_args.block_size - 1
-    )
+    split_stats["validation"]["num_evaluated_tokens"] = num_packed["validation"] * (block_size - 1)
     split_stats["validation"]["num_evaluated_bytes"] = num_evaluated_bytes
     stats = {
         "pipeline_version": PIPELINE_VERSION,
@@ -196,15 +192,12 @@ def build_blocks(
     # Recorded last, over every file but this one: a reuse checks that they are still whole.
     stats["files"] = file_digests(folder)
     write_json_atomic(folder / STATS_FILE, stats)
+    train = split_stats["train"]
     logger.info(
-        "%s documents, %s tokens: %s training blocks (%s dropped tokens), %s validation blocks; "
-        "unigram entropy %.3f nats",
-        f"{stats['num_documents']:,}",
-        f"{stats['num_tokens']:,}",
-        f"{split_stats['train']['num_blocks']:,}",
-        split_stats["train"]["num_dropped_tokens"],
-        f"{split_stats['validation']['num_blocks']:,}",
-        stats["unigram_entropy_nats"],
+        f"{corpus_stats.num_documents:,} documents, {num_tokens:,} tokens: "
+        f"{train['num_blocks']:,} training blocks ({train['num_dropped_tokens']} dropped tokens), "
+        f"{split_stats['validation']['num_blocks']:,} validation blocks; unigram entropy "
+        f"{train['unigram_entropy_nats']:.3f} nats"
     )
 
 
@@ -256,25 +249,6 @@ def choose_validation_documents(
     return is_validation
 
 
-def write_document_split(
-    path: Path, hashes: np.ndarray, is_validation: np.ndarray, split_key: str
-) -> None:
-    """Record which documents each split holds, by keyed hash: what later stages (the probe)
-    read to know which texts pretraining trained on and which it held out."""
-    write_json_atomic(
-        path,
-        {
-            "hash": "BLAKE2b, 8 bytes, of each document's UTF-8 text keyed by `key` "
-            "(common.corpus.document_hashes), as 16 hex digits",
-            "key": split_key,
-            **{
-                split: [f"{value:016x}" for value in hashes[mask]]
-                for split, mask in (("validation", is_validation), ("train", ~is_validation))
-            },
-        },
-    )
-
-
 def pack_blocks(token_stream: np.ndarray, block_size: int) -> tuple[np.ndarray, int]:
     """Consecutive `block_size` blocks of the stream (a view) and the dropped tail length."""
     # Kept over run_clm's `group_texts` (Python lists per map batch): measured 4.5-5x faster
@@ -293,12 +267,9 @@ def select_training_blocks(num_blocks: int, num_selected: int, seed: int) -> np.
 
 
 def count_predicted_bytes(blocks: np.ndarray, tokenizer) -> int:
-    """UTF-8 bytes of the text a loss over `blocks` predicts: each block's tokens after its
-    first, an end-of-text counted as the newline that ends its document's line.
-
-    Bits per byte divide the validation loss by these. Only a character split by a block's
-    edge can decode differently from the raw text (as one replacement character).
-    """
+    """UTF-8 bytes of the text a loss over `blocks` predicts (what bits per byte divide by):
+    each block's tokens after its first, an end-of-text counted as its document's newline. Only
+    a character cut by a block's edge decodes differently (as one replacement character)."""
     predicted = blocks[:, 1:]
     is_eos = predicted == tokenizer.eos_token_id
     texts = tokenizer.backend_tokenizer.decode_batch(
@@ -317,10 +288,8 @@ def unigram_entropy(token_counts: np.ndarray) -> float:
 def save_split(
     path: Path, stream_path: Path, selected: np.ndarray, block_size: int
 ) -> Iterator[np.ndarray]:
-    """Write the `selected` blocks of a split's token stream to `path` as an Arrow stream of one
-    fixed-length int32 column `input_ids`, its `datasets` features in the schema (what
-    `Dataset.from_file` reads), one record batch in memory at a time; yield each batch's blocks
-    once written."""
+    """Write the `selected` blocks of a split's stream to `path` as an Arrow stream that
+    `Dataset.from_file` reads, one record batch at a time; yield each batch's blocks."""
     features = datasets.Features(
         {"input_ids": datasets.List(datasets.Value("int32"), length=block_size)}
     )
