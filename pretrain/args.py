@@ -1,19 +1,9 @@
 """The options of the pretraining stage, all in one place, and what a run changes in them.
 
-`pretrain/run.py` takes `ModelArguments`, `common.corpus.CorpusArguments` (which text),
-`DataArguments`, `ReportArguments` and `PretrainTrainingArguments` (transformers'
-`TrainingArguments` with the pretraining defaults: optimisation, precision flags, checkpoints,
-output folder); `prepare-blocks` takes `CorpusArguments` and `DataArguments`; `generate-text`
-takes `GenerateArguments`. Each dataclass checks its own values when it is created and raises
-`InputError` (one line: what, and how to fix it), so a bad value stops the program before
-anything is read or written.
-
-Mixed precision and TF32 are decided once (`resolve_precision`). Whoever launches the run says
-the precision once: the accelerate YAML (or `accelerate launch --mixed_precision`) when it names
-bf16/fp16, otherwise `--bf16`/`--fp16` on our command line, otherwise the hardware: bf16 on GPUs
-that have it (Ampere and newer), fp16 with loss scaling on older ones (RTX 2080 Ti, V100, T4),
-fp32 on CPU. `accelerate launch` writes `mixed_precision: "no"` when nothing was configured, so
-"no" from the launcher means "not decided" rather than "fp32".
+Each dataclass checks its own values when it is created (`InputError`), before anything is read
+or written. The precision is said once (`resolve_precision`): by the accelerate config when it
+names bf16/fp16, else by `--bf16`/`--fp16`, else by the hardware (bf16 where the GPU has it,
+fp16 on older GPUs, fp32 on CPU); the launcher's "no" means "not decided", not "fp32".
 """
 
 from __future__ import annotations
@@ -163,11 +153,7 @@ class GenerateArguments:
 @dataclass
 class PretrainTrainingArguments(TrainingArguments):
     """transformers' `TrainingArguments` with what every pretraining run needs by default; the
-    configs in pretrain/configs/ set the recipe on top.
-
-    `max_steps` is derived from the token budget and the global batch, the precision from the
-    launcher, the flags or the GPU: `resolve_training_arguments` makes every such change.
-    """
+    configs in pretrain/configs/ set the recipe on top."""
 
     # The TrainingArguments that --help names besides those redeclared here: what the configs
     # and the README set (common/cli.py; --help-all explains every one).
@@ -274,18 +260,10 @@ def resolve_training_arguments(
     count_train_blocks: Callable[[DataArguments], int],
     trainer_loop: bool = True,
 ) -> tuple[PrecisionChoice, BlockSchedule]:
-    """Every change a run makes to the options it was given, in one place, each logged once
-    with its reason; the precision and the steps it trains with.
-
-    1. The precision: bf16, fp16 and mixed_precision from the launcher, the flags or the GPU
-       (`resolve_precision`). The TP/PP loop (not `trainer_loop`) trains in fp32, and sets
-       the options it does not apply to what it does (`drop_unused_options`).
-    2. The token budget, rounded up to whole global batches of `batch_blocks` blocks
-       (--whole_batches), for the data only: the summary records the budget as asked beside
-       the tokens trained.
-    3. max_steps, the one place it is decided: one pass over the training blocks that
-       `count_train_blocks` prepares for those data options (--max_steps may stop earlier).
-    """
+    """Every change a run makes to the options it was given, each logged once with its reason:
+    the precision (the TP/PP loop's, not `trainer_loop`, is fp32), the token budget in whole
+    batches (for the data only: the summary records the budget as asked), and max_steps, one
+    pass over the blocks `count_train_blocks` prepares. Returns the precision and the steps."""
     training_args = args.training
     if trainer_loop:
         precision = resolve_precision(training_args)
@@ -299,12 +277,9 @@ def resolve_training_arguments(
     training_args.max_steps = schedule.max_steps
     logger.info(
         "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
-        f"{schedule.num_train_blocks:,}",
-        schedule.block_size,
-        schedule.batch_blocks,
-        f"{schedule.batch_tokens:,}",
-        schedule.max_steps,
-    )
+        f"{schedule.num_train_blocks:,}", schedule.block_size, schedule.batch_blocks,
+        f"{schedule.batch_tokens:,}", schedule.max_steps,
+    )  # fmt: skip
     return precision, schedule
 
 
@@ -335,23 +310,19 @@ def resolve_precision(training_args: TrainingArguments) -> PrecisionChoice:
             f"says --{flag}; drop one of them"
         )
     device = training_args.device
+    cuda = device.type == "cuda"
+    has_bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
     if launcher != "no":
         mixed_precision, source = launcher, "accelerate config"
     elif flag:
         mixed_precision, source = flag, f"--{flag}"
-    elif device.type != "cuda":
+    elif not cuda:
         mixed_precision, source = "no", f"automatic ({device.type}: fp32)"
-    elif torch.cuda.is_bf16_supported(including_emulation=False):
-        mixed_precision = "bf16"
-        source = f"automatic ({torch.cuda.get_device_name(device)} supports bf16)"
     else:
-        mixed_precision = "fp16"
-        source = f"automatic ({torch.cuda.get_device_name(device)} has no bf16)"
-    if (
-        mixed_precision == "bf16"
-        and device.type == "cuda"
-        and not torch.cuda.is_bf16_supported(including_emulation=False)
-    ):
+        mixed_precision = "bf16" if has_bf16 else "fp16"
+        support = "supports" if has_bf16 else "has no"
+        source = f"automatic ({torch.cuda.get_device_name(device)} {support} bf16)"
+    if mixed_precision == "bf16" and cuda and not has_bf16:
         raise InputError(
             f"{torch.cuda.get_device_name(device)} has no bf16 but {source} asks for it; use "
             "fp16 (accelerate launch --mixed_precision fp16, or --fp16 without accelerate)"
@@ -374,8 +345,7 @@ def resolve_precision(training_args: TrainingArguments) -> PrecisionChoice:
 
 def budget_in_whole_batches(args: PretrainArguments, batch_blocks: int) -> DataArguments:
     """The data options with --max_train_tokens rounded up to whole global batches (with
-    --whole_batches): every step then has the shape of the first, and compiled code never meets
-    a new one."""
+    --whole_batches): every step has the first one's shape, compiled once."""
     data_args, batch_tokens = args.data, batch_blocks * args.data.block_size
     budget = data_args.max_train_tokens
     if budget is None or not args.training.whole_batches or budget % batch_tokens == 0:
@@ -383,17 +353,14 @@ def budget_in_whole_batches(args: PretrainArguments, batch_blocks: int) -> DataA
     rounded = math.ceil(budget / batch_tokens) * batch_tokens
     logger.info(
         "token budget %s rounded up to %s, %d whole batches of %s tokens (--whole_batches)",
-        f"{budget:,}",
-        f"{rounded:,}",
-        rounded // batch_tokens,
-        f"{batch_tokens:,}",
-    )
+        f"{budget:,}", f"{rounded:,}", rounded // batch_tokens, f"{batch_tokens:,}",
+    )  # fmt: skip
     return replace(data_args, max_train_tokens=rounded)
 
 
 def drop_unused_options(model_args: ModelArguments, training_args: TrainingArguments) -> None:
-    """Name, in one line, the options of pretrain/run.py that this loop does not apply, and
-    set them to what it does, so that the run summary records what ran."""
+    """Name in one line the options this loop does not apply, and set them to what it does (the
+    summary records what ran)."""
     unused = []
     if model_args.loss_implementation != "hf":
         unused.append(
