@@ -1,10 +1,6 @@
-"""What both training loops decide before the first step, in one record (`RunPlan`).
-
-Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel loop
-(pretrain/run_model_parallel.py) run the same plan: the tokenizer, the model's shape around it, the
-packed blocks (built by the main process first, reused by the others), the steps of one pass
-over them (`max_steps`: pretrain/args.py's `resolve_training_arguments`), the checkpoint to
-resume from; the run's shell (pretrain/shell.py) adds the model and the parallelism in force.
+"""What both training loops decide before the first step, in one record (`RunPlan`): the
+tokenizer, the model's shape, the packed blocks (built by the main process first), the steps of
+one pass over them, the checkpoint to resume from; the run's shell adds the model and strategy.
 """
 
 from __future__ import annotations
@@ -46,9 +42,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RunPlan:
-    """The run as decided before its first step, one record for both loops and the summary:
-    the inputs, the data and the steps (`plan_run`), then the model and the parallelism in
-    force (`RunShell.describe`, pretrain/shell.py)."""
+    """The run as decided before its first step (`plan_run`), then with the model and the
+    parallelism in force (`RunShell.describe`), for both loops and the summary."""
 
     tokenizer: PreTrainedTokenizerBase
     model_config: GPT2Config
@@ -69,9 +64,7 @@ class RunPlan:
     finished: dict[str, Any] | None = None
     # The check of a checkpoint resumed without a manifest (check_adopted_checkpoint).
     unverified_checkpoint: dict[str, Any] | None = None
-    # Described once the model and the parallelism exist: every resolved option by dataclass
-    # name with the model config, the model's size and FLOPs (pretrain.metrics), the whole
-    # job's peak FLOP/s (one device's x devices), the strategy in force, speed settings.
+    # Described once the model and the parallelism exist (RunShell.describe).
     config: dict[str, Any] = field(default_factory=dict)
     num_parameters: int = 0
     flops_per_token: float = 0.0
@@ -91,13 +84,9 @@ def plan_run(
     model_checks: Sequence[Callable[[GPT2Config], None]] = (),
     trainer_loop: bool = False,
 ) -> RunPlan:
-    """Check everything that can be checked cheaply, then prepare the blocks and count steps.
-
-    `batch_blocks` is the loop's global batch in blocks; `model_checks` refuse a model shape
-    the loop cannot split; Trainer's loop (`trainer_loop`) resolves --resume_from_checkpoint
-    before tokenizing anything, and refuses a checkpoint of another run; the options the run
-    changes are changed by `resolve_training_arguments`.
-    """
+    """Check everything that can be checked cheaply (`model_checks` refuse a shape the loop
+    cannot split; Trainer's loop resolves --resume_from_checkpoint before tokenizing anything),
+    then prepare the blocks and count the steps of a global batch of `batch_blocks`."""
     training_args, data_args = args.training, args.data
     stop_grace_seconds()  # refused now, not at the first checkpoint
     stop_with_launcher()
@@ -170,8 +159,7 @@ def plan_run(
 def check_finished_run(
     output_dir: Path, identity: dict[str, Any], tokenizer_dir: str | Path
 ) -> dict[str, Any]:
-    """The summary of the run that finished in `output_dir` when it is this run; a finished
-    run of other settings, or of none recorded, is refused."""
+    """The summary of the run that finished in `output_dir` when it is this run, else refused."""
     finished = read_gpt_summary(output_dir)
     saved = finished.get("run_identity")
     if not isinstance(saved, dict):  # summaries before version 3 have none

@@ -36,13 +36,8 @@ logger = logging.getLogger(__name__)
 
 
 class TrainerRun(RunShell):
-    """The random model in transformers' Trainer (accelerate set up inside) with the shell's
-    callbacks; the strategy accelerate set up is checked against the one the launch asked for.
-
-    The shell holds the folder, plans and keeps the clock: SIGTERM or SIGUSR1 before the first
-    step stops the run at once, during training after a checkpoint (exit code 128 + signal); a
-    failed save is one line (RunFailed), and so is a run that diverged, after its summary.
-    """
+    """The random model in transformers' Trainer with the shell's callbacks; the strategy
+    accelerate set up is checked against the one the launch asked for."""
 
     description = "Pretrain GPT-2 from scratch on packed blocks (transformers Trainer)."
     trainer_loop = True
@@ -100,14 +95,9 @@ class TrainerRun(RunShell):
 
 @torch.no_grad()
 def evaluate_blocks(trainer: Trainer) -> float:
-    """The validation loss: the mean of each block's loss, whatever the number of processes.
-
-    Trainer's evaluation averages batch means, and the last batch of a process that accelerate
-    pads with repeated blocks counts them (3 blocks: 6.453 on 2 processes, 6.460 on one); one
-    block per forward, accelerate's `gather_for_metrics` drops the repeats. The weights run
-    eagerly: compiled, a no-grad forward is a new graph to compile for one pass
-    (docs/BENCHMARKS.md measures both).
-    """
+    """The validation loss: the mean of each block's loss, whatever the number of processes
+    (Trainer's averages batch means, counting the blocks accelerate repeats to pad the last;
+    `gather_for_metrics` drops them). Eager: compiled, no-grad is a new graph for one pass."""
     blocks = DataLoader(trainer.eval_dataset, batch_size=1, collate_fn=collate_blocks)
     model = trainer.model_wrapped
     model.eval()

@@ -1,12 +1,5 @@
-"""The run folder's guarantees: one run per folder, a final model written whole, saves that fail
-in one line.
-
-- A run holds its folder's lock (`hold_run_folder`) for its lifetime; a second run into the same
-  folder is refused, naming the holder. The kernel drops the lock of a killed process.
-- `final/` appears only when complete (written under a temporary name, then renamed).
-- A save that fails (a checkpoint, the final model, the summary) is one line naming the folder
-  and the cause (a full disk with its free space), the unfinished files removed; so is a run
-  stopped because another of its processes stopped.
+"""The run folder's guarantees: one run per folder (a lock the kernel drops for a killed
+process), a final model written whole, saves that fail in one line.
 """
 
 from __future__ import annotations
@@ -33,12 +26,9 @@ logger = logging.getLogger(__name__)
 
 @contextmanager
 def hold_run_folder(output_dir: Path, training_args: TrainingArguments) -> Iterator[None]:
-    """One run per folder: the main process holds the folder's lock while the block runs, and
-    every process stops with one line naming the holder when another run has it.
-
-    A folder created here is removed again when the block fails before writing anything but
-    the lock (bad input found late), so a refused run leaves nothing behind.
-    """
+    """One run per folder: the main process holds its lock while the block runs, and every
+    process stops in one line naming the holder when another run has it. A folder created here
+    and holding only the lock when the block fails (bad input found late) is removed."""
     is_main = training_args.process_index == 0
     created = is_main and not output_dir.exists()
     with ExitStack() as stack:
@@ -80,16 +70,9 @@ def staging_dir_of(final_dir: Path) -> Path:
 
 @contextmanager
 def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool) -> Iterator[None]:
-    """Turn a run that fails after good input into `RunFailed`, one line: a save that fails (a
-    checkpoint, the final model, the summary), with the unfinished files this run left
-    removed; another process of the run that stopped (a collective failed). Other exceptions
-    (bugs) pass through unchanged.
-
-    A save failed when it left unfinished files behind or the disk is full. `checkpoint_bytes`
-    is about what a checkpoint takes: a failure while the disk has less than that free is a
-    full disk, whatever the writer's own message says (torch's zip writer says "unexpected
-    pos", safetensors an I/O error).
-    """
+    """Turn a failed save (unfinished files left, removed; or a full disk) and a stopped peer
+    process into `RunFailed`, one line; bugs pass through. A failure with less than
+    `checkpoint_bytes` free is a full disk, whatever the writer says ("unexpected pos")."""
     earlier = unfinished_saves(output_dir)
     try:
         yield
@@ -154,9 +137,8 @@ def save_failure_cause(
 
 
 def save_final_model(trainer: Trainer, final_dir: Path) -> None:
-    """Model (safetensors) + tokenizer into `final_dir`, sealed by a manifest of its files;
-    it appears only when complete, and replaces an earlier one by renames: `final_dir` is
-    whole or absent, never half there."""
+    """Model (safetensors) + tokenizer into `final_dir`, sealed by a manifest, staged and then
+    renamed: whole or absent, never half there."""
     staging_dir = staging_dir_of(final_dir)
     is_main = trainer.is_world_process_zero()
     if is_main and staging_dir.exists():

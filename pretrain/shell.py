@@ -1,17 +1,10 @@
-"""A pretraining run's life, the same for both training loops, around the loop itself.
-
-    launch checks, the run folder held, the plan (tokenizer, blocks, steps, resume), the random
-    model, the loop built and the run described, trained, final/ saved, measured, the summary
-    written, the exit code
+"""A pretraining run's life, the same for both training loops, around the loop itself: launch
+checks, the run folder held, the plan, the random model, the loop built, trained, final/ saved,
+measured, the summary written, the exit code.
 
 Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel loop
-(pretrain/run_model_parallel.py) subclass `RunShell` and supply its hooks: `build` (the loop
-around the random model), `train` (one pass over the blocks) and `measure` (what only the loop
-knows of the result); where they have them, `check_launch` and `check_model` (refusals before
-anything is read or written), `save_final_model` and `close`. The rest is here: the folder's
-lock, the plan, the time budget (each part of GPT_TIME_BUDGET_PARTS is timed here or by the
-`LoopClock` a loop is given, none in a loop), the divergence and stop-signal endings and their
-exit codes, the summary.
+(pretrain/run_model_parallel.py) subclass `RunShell` and supply its hooks; the time budget is
+timed here or by the `LoopClock` a loop is given, never in a loop.
 """
 
 from __future__ import annotations
@@ -110,13 +103,11 @@ class RunShell:
         """Refuse, before any data is read, a model shape this loop cannot split."""
 
     def build(self, model: GPT2LMHeadModel) -> tuple[Strategy, str]:
-        """Set the loop up around `model` (`self.plan`, `self.clock` are there); the strategy in
-        force and the processes' state in words."""
+        """Set the loop up around `model`; the strategy in force and the processes' state."""
         raise NotImplementedError
 
     def train(self) -> None:
-        """One pass over the planned blocks, timed by `self.clock`; stop early where
-        `self.diverged` (or Trainer's DivergenceCallback, `self.divergence`) says so."""
+        """One pass over the planned blocks; stop early where `self.diverged` says so."""
         raise NotImplementedError
 
     def save_final_model(self, final_dir: Path) -> None:
@@ -211,9 +202,8 @@ class RunShell:
         return 0
 
     def describe(self, model: GPT2LMHeadModel) -> None:
-        """The plan completed with the model, as the summary records it: every option, the
-        model's size and FLOPs, the job's peak FLOP/s, the settings that decide a step's speed
-        (under the names the ablation table uses)."""
+        """The plan completed with the model, as the summary records it (the speed settings
+        under the names the ablation table uses)."""
         plan, args, training_args = self.plan, self.args, self.training_args
         plan.config = {
             **args.to_dict(*self.options),
@@ -239,8 +229,8 @@ class RunShell:
         }
 
     def diverged(self, step: int, readings: dict[str, float | None]) -> bool:
-        """Whether one of `readings` at `step` is NaN or infinite; the run is then recorded as
-        diverged there (a loop of our own: Trainer's has DivergenceCallback)."""
+        """Whether one of `readings` at `step` is NaN or infinite, recorded as the divergence (a
+        loop of our own: Trainer's has DivergenceCallback)."""
         reading = divergence(readings)
         if reading is not None:
             logger.error("training diverged at step %d (%s): stopping", step, reading)
@@ -263,8 +253,7 @@ class RunShell:
         )
 
     def finish(self, summary: dict[str, Any], is_main: bool) -> None:
-        """Write run_summary.json and print its headline (main process); then fail a run that
-        diverged in one line, after its summary records it."""
+        """Write run_summary.json and print its headline; then fail a diverged run in one line."""
         if is_main:
             write_json_atomic(self.output_dir / GPT_SUMMARY_FILE, summary)
             print(f"{headline(summary)}; run folder {self.output_dir}")
@@ -277,8 +266,8 @@ class RunShell:
             )
 
     def nothing_to_resume(self, finished: dict[str, Any], is_main: bool) -> int:
-        """Resuming a run that already finished: 0 when it passed or failed, RunFailed (exit 3)
-        again when it diverged; its folder is left as it is."""
+        """Resuming a finished run: 0, or RunFailed again when it diverged; the folder is left
+        as it is."""
         if finished["verdict"] == "diverged":
             raise RunFailed(
                 f"the run in {self.output_dir} diverged at step "
@@ -294,6 +283,5 @@ class RunShell:
 
 
 def command(loop: type[RunShell]) -> Callable[..., int]:
-    """The `main(argv)` of a loop's script: the run's exit code, bad input and a failed run in
-    one line (`common.cli.entry_point`)."""
+    """The `main(argv)` of a loop's script (`common.cli.entry_point`)."""
     return entry_point(lambda argv=None: loop(argv).run())

@@ -1,10 +1,6 @@
-"""`run_summary.json`: what a pretraining run achieved, how fast, on what, with which settings.
-
-Both training loops write it through `run_summary()`, called by the run's shell
-(pretrain/shell.py) from two plain records: `RunPlan` (pretrain/plan.py: decided before the first
-step) and `LoopResult` (measured by the loop); every key of the file, and where its value comes
-from, is in `run_summary()`. Its version and
-the keys the report relies on are in `common.run_contract`.
+"""`run_summary.json`: what a pretraining run achieved, how fast, on what, with which settings;
+every key in `run_summary()`, from `RunPlan` (decided before the first step) and `LoopResult`
+(measured by the loop). Its version and the keys the report relies on: `common.run_contract`.
 """
 
 from __future__ import annotations
@@ -162,11 +158,8 @@ def _rounded(loss: float | None) -> str:
 
 
 def final_training_loss(logged_losses: list[float], window: int) -> tuple[float | None, int]:
-    """Mean of the last `window` logged training losses, and how many there were.
-
-    Trainer's own `train_loss` is the mean over the whole run, dominated by the first steps;
-    the course judges the loss the model has at the end.
-    """
+    """Mean of the last `window` logged training losses, and how many there were (Trainer's
+    `train_loss` is the whole run's mean, dominated by the first steps)."""
     last = logged_losses[-window:]
     return (sum(last) / len(last) if last else None), len(last)
 
@@ -182,12 +175,8 @@ def perplexity(loss: float | None) -> float | None:
 
 
 def bits_per_byte(loss: float | None, validation: dict[str, Any]) -> float | None:
-    """A validation loss in nats per token as bits per byte of the text it predicts:
-    loss x predicted tokens / their UTF-8 bytes (pretrain/blocks/packing.py counts both) / ln 2.
-
-    The loss per token depends on the vocabulary; per byte it does not, so runs with other
-    tokenizers compare.
-    """
+    """A validation loss in nats per token as bits per byte of the text it predicts, which
+    compares runs with other tokenizers (pretrain/blocks/packing.py counts both)."""
     if loss is None or not validation["num_evaluated_bytes"]:
         return None
     return loss * tokens_per_byte(validation) / math.log(2)
