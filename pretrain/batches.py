@@ -16,10 +16,8 @@ logger = logging.getLogger(__name__)
 
 
 def collate_blocks(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Stack packed blocks into a batch; the labels are the inputs (the model shifts them).
-
-    No attention mask: every block is full, so attention is the plain causal kernel.
-    """
+    """Stack packed blocks into a batch; the labels are the inputs (the model shifts them). No
+    attention mask: every block is full."""
     input_ids = torch.stack([torch.as_tensor(example["input_ids"]) for example in examples])
     input_ids = input_ids.long()  # (batch, block_size); int64 for the embedding and the loss
     return {"input_ids": input_ids, "labels": input_ids}
@@ -38,12 +36,8 @@ class BlockSchedule:
     def one_pass(
         cls, num_train_blocks: int, batch_blocks: int, block_size: int, requested_max_steps: int
     ) -> BlockSchedule:
-        """The steps that show every training block exactly once.
-
-        ceil(blocks / global batch): the last step takes the remainder, so the token budget is
-        met exactly (Trainer counts an epoch's steps the same way). A positive
-        `requested_max_steps` may stop earlier, e.g. for a quick check, but never later.
-        """
+        """The steps that show every training block once, the last taking the remainder; a
+        positive `requested_max_steps` may stop earlier (a quick check), never later."""
         if num_train_blocks < batch_blocks:
             raise InputError(
                 f"the training split has {num_train_blocks} blocks, fewer than one global batch "
@@ -60,9 +54,8 @@ class BlockSchedule:
         if requested_max_steps > 0:
             logger.warning(
                 "stopping after --max_steps %d of the %d steps the token budget allows",
-                requested_max_steps,
-                steps,
-            )
+                requested_max_steps, steps,
+            )  # fmt: skip
             steps = requested_max_steps
         return cls(num_train_blocks, batch_blocks, block_size, steps)
 

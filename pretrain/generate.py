@@ -44,11 +44,8 @@ def generate_texts(args: GenerateArguments) -> list[str]:
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
     tokenizer = load_tokenizer(model_dir)
-    model = (
-        AutoModelForCausalLM.from_pretrained(str(model_dir), trust_remote_code=False)
-        .to(device)
-        .eval()
-    )
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), trust_remote_code=False)
+    model.to(device).eval()
     prompt_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     if prompt_ids.shape[1] == 0:
         prompt_ids = torch.tensor([[tokenizer.eos_token_id]])

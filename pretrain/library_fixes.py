@@ -1,11 +1,8 @@
 """Every adjustment this project makes to a library it depends on, in one place.
 
-Two kinds. Patches (`FIXES`): each names the library, the versions known to need it and a
-one-line reason; it is applied only to those versions, on any other version it warns once and
-leaves the library alone, and `tests/test_library_fixes.py` checks that the unadjusted library
-still misbehaves, so the test fails the day upstream fixes it and the patch can go. Glue: the
-settings a library takes from somewhere other than its arguments (environment variables it
-reads once, a model attribute, its log lines), each in one function below with its reason.
+Patches (`FIXES`) apply only to the versions known to need them (on others: one warning), and
+`tests/test_library_fixes.py` fails the day upstream no longer misbehaves. Glue: the settings a
+library takes from elsewhere than its arguments (environment variables, its log lines).
 """
 
 from __future__ import annotations
@@ -111,13 +108,8 @@ def apply_library_fixes(fixes: tuple[LibraryFix, ...] = FIXES) -> tuple[str, ...
             logger.warning(
                 "%s %s is not a version the fix '%s' was written for (%s): not applied; if "
                 "the library no longer needs it (%s), remove it from %s",
-                fix.library,
-                installed,
-                fix.name,
-                fix.versions,
-                fix.reason,
-                __name__,
-            )
+                fix.library, installed, fix.name, fix.versions, fix.reason, __name__,
+            )  # fmt: skip
     return tuple(applied)
 
 
@@ -126,14 +118,8 @@ def apply_library_fixes(fixes: tuple[LibraryFix, ...] = FIXES) -> tuple[str, ...
 
 @contextmanager
 def trainer_creation_environment(log_dir: Path, regional_compilation: bool) -> Iterator[None]:
-    """While Trainer is created, the environment variables it reads there and only there.
-
-    transformers 5 takes TensorBoard's folder from TENSORBOARD_LOGGING_DIR (`logging_dir` is
-    gone), read once by the callback's constructor; accelerate decides whether
-    `--torch_compile` compiles each repeated block on its own from
-    ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION, read once by the TorchDynamoPlugin that Trainer
-    builds. The variables are restored afterwards.
-    """
+    """While Trainer is created, the variables it reads only then: TensorBoard's folder
+    (transformers 5 has no `logging_dir`) and accelerate's regional compilation."""
     with patch_environment(
         TENSORBOARD_LOGGING_DIR=log_dir,
         ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION="true" if regional_compilation else "false",
@@ -148,14 +134,10 @@ FULL_DISK_LOGGERS = ("torch._functorch._aot_autograd.graph_compile", "torch._ind
 
 
 def use_compile_cache(folder: Path, explicit: bool) -> Path | None:
-    """Keep torch.compile's generated code (inductor's FX graph and kernel caches, Triton's) in
-    `folder`, read by inductor from TORCHINDUCTOR_CACHE_DIR and by Triton from TRITON_CACHE_DIR
-    at the first compilation; by default a folder in /tmp, which every node and job of a
-    cluster starts without. A variable the user set wins over a default `folder` (inductor
-    sets its own default into the environment when torch is imported). The folder in use,
-    checked as the block cache is: one that no longer matches the manifest `compiled_once`
-    sealed is moved aside and compiled again; one not writable is skipped for torch's default
-    (None); each with one warning."""
+    """Keep torch.compile's code (inductor's and Triton's caches) in `folder` instead of /tmp,
+    which every node and job of a cluster starts without; a variable the user set (not the one
+    inductor sets when torch is imported) wins over a default `folder`. One that no longer
+    matches its manifest is moved aside; one not writable leaves torch's default (None)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     library_default = os.path.abspath(default_cache_dir())

@@ -1,22 +1,10 @@
 """Causal-LM loss that never holds the full logits: chunked linear cross-entropy.
 
-Hugging Face's `ForCausalLMLoss` projects every position onto the vocabulary and upcasts the
-logits to fp32 before the cross-entropy: at 32 x 1024 tokens and a 50k vocabulary that is
-6.6 GB of fp32 logits plus their gradient, on top of the bf16 copy. Here the head is applied
-to a few thousand rows at a time; each chunk's logits live only while its loss and its
-gradients (with respect to the hidden states and the head weight) are computed, and the
-gradients are kept from the forward pass instead of the logits, so backward does no extra
-matrix product. The value equals `ForCausalLMLoss(lm_head(hidden), labels)`: same shift,
-same `ignore_index`, same mean (or sum over `num_items_in_batch`, which Trainer passes so
-that gradient accumulation averages over tokens, not micro-batches).
-
-Written here because transformers has no such loss (its Liger integration needs a Triton GPU
-kernel): this one runs on any device, equals HF's loss (tests/test_pretrain_loss.py) and never
-holds more than one chunk of logits.
-
-`use_chunked_loss(model)` makes a causal LM compute its training loss this way: calls with
-`labels` skip the full head and return `logits=None`; calls without labels (generation,
-`pretrain.generate`) are the model's own forward.
+transformers' `ForCausalLMLoss` keeps every position's fp32 logits (6.6 GB at 32 x 1024 tokens
+and a 50k vocabulary); here the head runs on a few thousand rows at a time, and each chunk's
+gradients are kept from the forward pass instead of its logits. The value equals
+`ForCausalLMLoss(lm_head(hidden), labels)` (same shift, ignore_index, `num_items_in_batch`).
+transformers has none that runs on any device (its Liger integration needs a Triton kernel).
 """
 
 from __future__ import annotations
@@ -35,11 +23,8 @@ LOSS_IMPLEMENTATIONS = ("hf", "chunked")
 
 
 class _LinearCrossEntropySum(torch.autograd.Function):
-    """sum_i CE(hidden_i @ weight^T, target_i) over rows whose target is not ignored.
-
-    Gradients are computed chunk by chunk in forward (softmax - one_hot, pushed through the
-    head) and only scaled by the incoming gradient in backward.
-    """
+    """sum_i CE(hidden_i @ weight^T, target_i) over rows not ignored; the gradients are
+    computed chunk by chunk in forward, and only scaled by the incoming gradient in backward."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_size, compute_dtype, compute_grads):
@@ -86,12 +71,9 @@ def chunked_causal_lm_loss(
     num_items_in_batch: torch.Tensor | int | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> torch.Tensor:
-    """`ForCausalLMLoss(hidden_states @ lm_head_weight.T, labels)` without the full logits.
-
-    hidden_states: (B, T, H) after the final layer norm; labels: (B, T), unshifted (labels =
-    input_ids), -100 where ignored. The product runs in the autocast dtype when autocast is
-    on (as `lm_head` would), the softmax always in fp32.
-    """
+    """`ForCausalLMLoss(hidden_states @ lm_head_weight.T, labels)` without the full logits;
+    labels unshifted. The product runs in the autocast dtype (as `lm_head` would), the softmax
+    in fp32."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     # Position t predicts label t + 1; the last position predicts nothing (as HF pads it).
@@ -115,13 +97,9 @@ def chunked_causal_lm_loss(
 
 
 def use_chunked_loss(model: nn.Module, chunk_size: int = DEFAULT_CHUNK_SIZE) -> nn.Module:
-    """Make `model` (a causal LM with `base_model` and a bias-free output embedding) compute
-    its loss with `chunked_causal_lm_loss` whenever it is called with `labels`.
-
-    The forward is replaced on this instance only (as transformers' Liger integration does),
-    so Trainer, accelerate's autocast wrapper, DDP and `save_pretrained` see the usual model.
-    Call it before the model is handed to Trainer or accelerate.
-    """
+    """Make `model` compute its loss with `chunked_causal_lm_loss` when called with `labels`
+    (returning `logits=None`), by replacing this instance's forward, as transformers' Liger
+    integration does: Trainer, DDP and `save_pretrained` see the usual model."""
     head = model.get_output_embeddings()
     if head is None or getattr(head, "bias", None) is not None:
         raise ValueError(

@@ -12,7 +12,6 @@ import logging
 import math
 from typing import NamedTuple
 
-from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
 
 from common.cli import InputError
@@ -109,18 +108,16 @@ def build_model_config(
 def build_model(config: GPT2Config) -> GPT2LMHeadModel:
     """A randomly initialised GPT-2 (never pretrained weights); logs its real size."""
     model = GPT2LMHeadModel(config)
-    use_causal_lm_loss(model)
+    # transformers picks the loss by the class name, which names none for GPT2LMHeadModel: it
+    # would warn on every run, and Trainer would divide the shifted loss by every label.
+    model.loss_type = "ForCausalLM"
     logger.info(
         "GPT-2 %d layers x %d wide, %d heads, vocab %d: %s parameters (%s without position "
         "embeddings), attention %s",
-        config.n_layer,
-        config.n_embd,
-        config.n_head,
-        config.vocab_size,
-        f"{model.num_parameters():,}",
-        f"{num_matmul_parameters(model):,}",
+        config.n_layer, config.n_embd, config.n_head, config.vocab_size,
+        f"{model.num_parameters():,}", f"{num_matmul_parameters(model):,}",
         config._attn_implementation,
-    )
+    )  # fmt: skip
     return model
 
 
@@ -128,13 +125,3 @@ def num_matmul_parameters(model: GPT2LMHeadModel) -> int:
     """transformers' `num_parameters()` (the tied token embedding counted once) less the
     position embeddings, a lookup that takes part in no matmul."""
     return model.num_parameters() - model.transformer.wpe.weight.numel()
-
-
-def use_causal_lm_loss(model: nn.Module) -> None:
-    """Name transformers' causal-LM loss on a GPT-2 model.
-
-    transformers picks the loss by the class name, and "GPT2LMHeadModel" names none: it would
-    warn on every run, and Trainer would divide the shifted loss by every label instead of the
-    block_size - 1 predicted ones per block (the loss read (T-1)/T of its value).
-    """
-    model.loss_type = "ForCausalLM"
