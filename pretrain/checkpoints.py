@@ -416,13 +416,10 @@ class CheckpointOnSignalCallback(TrainerCallback):
             raise StopRequested(received)
         if self.received is None:
             self.received = received
-            logger.warning(
-                "received %s: %s",
-                received.name,
-                "saving a checkpoint at the end of this step"
-                if self._loop == "running"
-                else "the last step is done; finishing the run",
-            )
+            ending = "the last step is done; finishing the run"
+            if self._loop == "running":
+                ending = "saving a checkpoint at the end of this step"
+            logger.warning("received %s: %s", received.name, ending)
 
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         self._loop = "running"

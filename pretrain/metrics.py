@@ -66,28 +66,14 @@ def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:
 # whatever the precision (PaLM, nanoGPT). A name matches an entry holding all its words; the
 # first match wins, so variants come before the plain name.
 PEAK_TFLOPS_16BIT: tuple[tuple[tuple[str, ...], float], ...] = (
-    (("B200",), 2250.0),
-    (("GH200",), 989.0),
-    (("H200", "NVL"), 835.0),
-    (("H200",), 989.0),
-    (("H100", "PCIe"), 756.0),
-    (("H100", "NVL"), 835.0),
-    (("H100",), 989.0),
-    (("H800",), 989.0),
-    (("A100",), 312.0),
-    (("A800",), 312.0),
-    (("L40S",), 362.0),
-    (("L40",), 181.0),
-    (("L4",), 121.0),
-    (("A10",), 125.0),
-    (("A6000",), 154.8),
-    (("4090",), 165.2),
-    (("3090",), 71.0),
+    (("B200",), 2250.0), (("GH200",), 989.0), (("H200", "NVL"), 835.0), (("H200",), 989.0),
+    (("H100", "PCIe"), 756.0), (("H100", "NVL"), 835.0), (("H100",), 989.0), (("H800",), 989.0),
+    (("A100",), 312.0), (("A800",), 312.0),
+    (("L40S",), 362.0), (("L40",), 181.0), (("L4",), 121.0), (("A10",), 125.0),
+    (("A6000",), 154.8), (("4090",), 165.2), (("3090",), 71.0),
     # GeForce Turing runs FP16 with FP32 accumulation at half the Quadro/Titan rate.
-    (("2080", "Ti"), 53.8),
-    (("V100",), 125.0),
-    (("T4",), 65.0),
-)
+    (("2080", "Ti"), 53.8), (("V100",), 125.0), (("T4",), 65.0),
+)  # fmt: skip
 
 
 def accelerator_name(device: torch.device) -> str:
@@ -227,20 +213,10 @@ def optimizer_state_bytes(optimizer: Any, model: nn.Module) -> int:
     # optimizer), each of which keeps the one it wraps as `.optimizer`.
     while hasattr(optimizer, "optimizer"):
         optimizer = optimizer.optimizer
-    state_tensors = [
-        value
-        for state in optimizer.state.values()
-        for value in state.values()
-        if isinstance(value, torch.Tensor)
-    ]
-    model_parameters = {id(parameter) for parameter in model.parameters()}
-    own_copies = [
-        parameter
-        for group in optimizer.param_groups
-        for parameter in group["params"]
-        if id(parameter) not in model_parameters
-    ]
-    return sum(tensor_bytes(tensor) for tensor in state_tensors) + parameter_bytes(own_copies)
+    state = [v for per_parameter in optimizer.state.values() for v in per_parameter.values()]
+    ours = {id(parameter) for parameter in model.parameters()}
+    copies = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in ours]
+    return sum(tensor_bytes(v) for v in state if torch.is_tensor(v)) + parameter_bytes(copies)
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:

@@ -127,13 +127,9 @@ def plan_run(
         if finished_here:
             finished = check_finished_run(output_dir, identity, data_args.tokenizer_dir)
         if resume_checkpoint is not None:
-            check_same_run(
-                resume_checkpoint,
-                identity,
-                data_args.tokenizer_dir,
-                training_args.process_index == 0,
-            )
-            if training_args.process_index == 0:
+            is_main = training_args.process_index == 0
+            check_same_run(resume_checkpoint, identity, data_args.tokenizer_dir, is_main)
+            if is_main:
                 unverified = check_adopted_checkpoint(
                     resume_checkpoint, prepared["blocks"]["validation"]
                 )

@@ -66,10 +66,8 @@ class TrainerRun(RunShell):
         strategy = check_strategy(self.request, trainer.accelerator)
         logger.info(
             "parallelism: %s (%s, %d processes), as requested",
-            strategy.name,
-            strategy.distributed_type,
-            strategy.num_processes,
-        )
+            strategy.name, strategy.distributed_type, strategy.num_processes,
+        )  # fmt: skip
         clock_trainer(trainer, self.clock, self.tensorboard_dir, plan.resumed_from_step)
         return strategy, accelerator_state
 

@@ -186,10 +186,8 @@ class RunShell:
                 logger.warning(
                     "stopped by %s at step %d of %d after saving a checkpoint; continue with "
                     "--resume_from_checkpoint auto",
-                    stop.received.name,
-                    stop.stopped_at_step,
-                    plan.schedule.max_steps,
-                )
+                    stop.received.name, stop.stopped_at_step, plan.schedule.max_steps,
+                )  # fmt: skip
                 return 128 + int(stop.received)
             finite = self.divergence.diverged_at_step is None
             if finite and self.trainer_loop:
