@@ -124,12 +124,9 @@ class WholeModel:
 
 
 def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torch.optim.Optimizer:
-    """The optimizer Trainer would build for `module`: --optim with its settings, weight decay
-    on all but biases and layer norms.
-
-    The groups are also split into sharded (DTensor) and whole parameters, which fused and
-    foreach kernels cannot take in one call.
-    """
+    """The optimizer Trainer would build for `module` (--optim, weight decay on all but biases
+    and layer norms), its groups also split into sharded (DTensor) and whole parameters, which
+    fused and foreach kernels cannot take in one call."""
     # Trainer's own rule; the method does not use the Trainer instance.
     decay_names = set(Trainer.get_decay_parameter_names(None, module))
     groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
@@ -170,6 +167,7 @@ class ModelParallelRun(RunShell):
     def build(self, model: GPT2LMHeadModel) -> tuple[Strategy, str]:
         parallel, training_args, schedule = self.parallel, self.training_args, self.plan.schedule
         world_size, device = training_args.world_size, training_args.device
+        # The model (the same on every process) split for the strategy; this process's part.
         if parallel.strategy == "pp":
             check_pipeline_arguments(
                 model.config.n_layer,
@@ -179,8 +177,6 @@ class ModelParallelRun(RunShell):
                 self.batch_blocks,
                 last_batch_blocks=schedule.last_batch_blocks,
             )
-        # The model (the same on every process) split for the strategy; this process's part.
-        if parallel.strategy == "pp":
             self.local = build_gpt2_pipeline(
                 model, device, parallel.pipeline_schedule, parallel.num_microbatches
             )
@@ -214,20 +210,19 @@ class ModelParallelRun(RunShell):
             if dist.is_initialized()
             else f"one process, device {device}"
         )
-        return Strategy(
-            parallel.strategy_name, LOOP_STRATEGIES[parallel.strategy], world_size
-        ), state
+        strategy = Strategy(parallel.strategy_name, LOOP_STRATEGIES[parallel.strategy], world_size)
+        return strategy, state
 
     def train(self) -> None:
-        """One optimizer step per batch, logged as Trainer logs: each logging window's mean loss
-        and the last grad norm and learning rate, with the window's speed, to TensorBoard; a NaN
-        or infinite gradient norm (the whole model's, the same on every process) stops every
-        process at the same step."""
+        """One optimizer step per batch; each logging window's mean loss, last grad norm and
+        learning rate and speed to TensorBoard; a NaN or infinite gradient norm (the whole
+        model's, the same on every process) stops every process at the same step."""
         local, optimizer, clock, plan = self.local, self.optimizer, self.clock, self.plan
         training_args, writer, schedule = self.training_args, self.writer, plan.schedule
         max_norm = training_args.max_grad_norm if training_args.max_grad_norm > 0 else math.inf
         state = TrainerState()
-        state.compute_steps(training_args, schedule.max_steps)  # Trainer's logging interval
+        max_steps = schedule.max_steps
+        state.compute_steps(training_args, max_steps)  # Trainer's logging interval
         # Every step's token ids, the same on every process and in the order Trainer reads
         # them: accelerate's seeded sampler over the blocks, the last batch partial when the
         # blocks do not fill it.
@@ -237,7 +232,7 @@ class ModelParallelRun(RunShell):
         self.logged_losses: list[float] = []
         window_losses: list[torch.Tensor] = []
         clock.start(0)
-        for step in range(1, schedule.max_steps + 1):
+        for step in range(1, max_steps + 1):
             indices = order[(step - 1) * schedule.batch_blocks : step * schedule.batch_blocks]
             batch = plan.blocks["train"][indices]["input_ids"]  # int64 (blocks, block_size)
             learning_rate = self.scheduler.get_last_lr()[0]
@@ -250,11 +245,10 @@ class ModelParallelRun(RunShell):
                 window_losses.append(loss)
             clock.step_done()
             self.last_step = step
-            if self.diverged(step, {"grad_norm": grad_norm.item()}):
+            grad_norm = grad_norm.item()
+            if self.diverged(step, {"grad_norm": grad_norm}):
                 break
-            if not (
-                step % state.logging_steps == 0 or (step == 1 and training_args.logging_first_step)
-            ):
+            if step % state.logging_steps and not (step == 1 and training_args.logging_first_step):
                 continue
             scalars = clock.window(step)  # after the device's work: the loss is read below
             if loss is None:
@@ -262,17 +256,9 @@ class ModelParallelRun(RunShell):
             window_loss = torch.stack(window_losses).mean().item()
             window_losses.clear()
             self.logged_losses.append(window_loss)
-            scalars |= {
-                TRAIN_LOSS: window_loss,
-                GRAD_NORM: grad_norm.item(),
-                LEARNING_RATE: learning_rate,
-            }
+            scalars |= {TRAIN_LOSS: window_loss, GRAD_NORM: grad_norm, LEARNING_RATE: learning_rate}
             logger.info(
-                "step %d/%d: loss %.4f, grad norm %.3f",
-                step,
-                schedule.max_steps,
-                window_loss,
-                grad_norm.item(),
+                "step %d/%d: loss %.4f, grad norm %.3f", step, max_steps, window_loss, grad_norm
             )
             if writer is not None:
                 for tag, value in scalars.items():
@@ -281,8 +267,8 @@ class ModelParallelRun(RunShell):
 
     @torch.no_grad()
     def measure(self, evaluate: bool) -> LoopResult:
-        """The validation loss (each block's mean, averaged, as Trainer's evaluation computes it
-        for blocks of equal length) on the loss rank, then on every process."""
+        """The validation loss (the mean of each block's, as Trainer's for blocks of equal
+        length) on the loss rank, then on every process."""
         local, writer, max_steps = self.local, self.writer, self.plan.schedule.max_steps
         eval_loss = None
         if evaluate:

@@ -1,18 +1,14 @@
 """Pipeline parallelism for transformers' GPT-2 with `torch.distributed.pipelining`.
 
-The layers are cut into consecutive stages, one per process: the first stage also holds the
-embeddings, the last one the final layer norm and the output layer. A batch is split into
-microbatches that flow through the stages, activations forward and their gradients back, in
-the order of the schedule: GPipe runs every microbatch's forward, then every backward (all
-microbatches' activations held at once); 1F1B starts the backwards as soon as the last stage
-can, and then alternates one forward and one backward (at most `num_stages` microbatches'
-activations held per stage). Both give the same gradients: the mean over microbatches of
-equal size equals the loss of the whole batch.
+The layers are cut into consecutive stages, one per process, the embeddings on the first, the
+final norm and the output layer on the last. A batch's microbatches flow through the stages in
+the schedule's order: GPipe runs every forward, then every backward (all activations held at
+once); 1F1B alternates them as soon as the last stage can (at most `num_stages` microbatches'
+activations held per stage). Both give the whole batch's gradients (equal microbatches).
 
-GPT-2 ties the output layer to the token embedding, and the two sit on the first and the last
-stage. The last stage holds a copy; after each backward the two stages sum the gradients of
-the pair (the lookup's and the logits' parts of the one gradient of the tied weight), so both
-copies take the same optimizer step and stay equal.
+GPT-2 ties the output layer to the token embedding, on the first and the last stage: the last
+holds a copy, and after each backward the two sum the pair's gradients (the lookup's and the
+logits' parts of the tied weight's one gradient), so both copies take the same step.
 """
 
 from __future__ import annotations
@@ -41,12 +37,9 @@ def stage_layers(num_layers: int, num_stages: int, stage_index: int) -> range:
 
 
 class GPT2PipelineStage(nn.Module):
-    """Blocks `layers` of a GPT-2, with the embeddings on the first stage and the final norm
-    and the output layer (a copy of the tied embedding) on the last.
-
-    forward: token ids (B, T) on the first stage, hidden states (B, T, H) on the others; the
-    last stage returns logits (B, T, V), the others hidden states.
-    """
+    """One stage's blocks of a GPT-2, the embeddings on the first stage, the final norm and the
+    output layer (a copy of the tied embedding) on the last: ids (B, T) or hidden states
+    (B, T, H) in, hidden states or (last stage) logits (B, T, V) out."""
 
     def __init__(self, model: GPT2LMHeadModel, stage_index: int, num_stages: int) -> None:
         super().__init__()
@@ -54,9 +47,8 @@ class GPT2PipelineStage(nn.Module):
         self.config = model.config
         self.is_first = stage_index == 0
         self.is_last = stage_index == num_stages - 1
-        self.wte = body.wte if self.is_first else None
-        self.wpe = body.wpe if self.is_first else None
-        self.drop = body.drop if self.is_first else None
+        first = (body.wte, body.wpe, body.drop) if self.is_first else (None, None, None)
+        self.wte, self.wpe, self.drop = first
         self.h = nn.ModuleList(
             body.h[i] for i in stage_layers(len(body.h), num_stages, stage_index)
         )
@@ -115,9 +107,8 @@ class GPT2Pipeline:
         return torch.stack(losses).mean().detach() if losses else None
 
     def evaluate(self, input_ids: torch.Tensor) -> torch.Tensor | None:
-        """Each block's mean loss, forward only, `num_microbatches` blocks (one microbatch each)
-        at a time, on the last stage; None on the others. A shorter last chunk is padded with
-        copies of its last block, whose losses are dropped."""
+        """Each block's mean loss on the last stage (None on the others), `num_microbatches`
+        blocks at a time, a shorter last chunk padded with copies of its last block."""
         losses: list[torch.Tensor] = []
         for chunk in input_ids.split(self.num_microbatches):
             padded = torch.cat([chunk, chunk[-1:].expand(self.num_microbatches - len(chunk), -1)])
@@ -127,11 +118,8 @@ class GPT2Pipeline:
         return torch.stack(losses).detach() if losses else None
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Clip every stage's gradients by the norm of the whole model's gradient; return it.
-
-        Each stage adds up the squares of its own gradients, counting the tied pair once (on
-        the first stage); the sum over stages is the model's.
-        """
+        """Clip every stage's gradients by the whole model's gradient norm; return it: the sum
+        over stages of each one's squares, the tied pair counted once (on the first stage)."""
         own = [
             p
             for p in self.module.parameters()
@@ -145,8 +133,8 @@ class GPT2Pipeline:
         return total_norm
 
     def tied_weight_difference(self) -> float | None:
-        """Largest absolute difference between the two copies of the tied weight, on the last
-        stage (which receives the first stage's copy); None on the other stages."""
+        """Largest absolute difference between the tied weight's two copies, on the last stage
+        (None on the others)."""
         tied = self.module.tied_weight()
         if tied is None:
             return None
@@ -191,16 +179,10 @@ def check_pipeline_arguments(
 
 
 def build_gpt2_pipeline(
-    model: GPT2LMHeadModel,
-    device: torch.device,
-    schedule_name: str,
-    num_microbatches: int,
+    model: GPT2LMHeadModel, device: torch.device, schedule_name: str, num_microbatches: int
 ) -> GPT2Pipeline:
-    """This process's stage of `model` (stage = rank, one per process) and its schedule.
-
-    Every process passes the same freshly built model (same seed) and keeps its own layers.
-    The loss is the model's own (transformers' causal-LM cross-entropy, mean over tokens).
-    """
+    """This process's stage of `model` (stage = rank) and its schedule, with the model's own
+    loss; every process passes the same freshly built model (same seed)."""
     stage_index, num_stages = dist.get_rank(), dist.get_world_size()
     stage_module = GPT2PipelineStage(model, stage_index, num_stages).to(device)
     stage = PipelineStage(stage_module, stage_index, num_stages, device)

@@ -1,14 +1,12 @@
 """What the launcher asked for, checked against what the training processes actually got.
 
-The accelerate config (passed on by `accelerate launch` as environment variables) or Trainer's
-own `--fsdp` / `--deepspeed` options ask for a strategy: DeepSpeed ZeRO, FSDP, data parallel
-over several processes, or one process. accelerate may set up another one without a word
-(accelerate 1.15 would drop FSDP and DeepSpeed on CPU processes: pretrain/library_fixes.py
-mends it, on that version only), and some strategies need hardware the processes do not have
-(FSDP1 needs GPUs). Such a run stops with one line: `check_request_fits_device` before
-accelerate is set up, `check_strategy` right after, before the first step. The TP/PP loop's
-launch is checked by `check_model_parallel_launch`; `local_tensor` is a sharded tensor's part
-on this process.
+The accelerate config (passed on as environment variables) or Trainer's `--fsdp` /
+`--deepspeed` ask for a strategy: DeepSpeed ZeRO, FSDP, data parallel or one process.
+accelerate may set up another one without a word (1.15 drops FSDP and DeepSpeed on CPU
+processes: pretrain/library_fixes.py mends it), and some strategies need hardware the processes
+lack (FSDP1 needs GPUs). Such a run stops with one line: `check_request_fits_device` before
+accelerate is set up, `check_strategy` right after; the TP/PP loop's launch is checked by
+`check_model_parallel_launch`.
 """
 
 from __future__ import annotations
@@ -76,10 +74,8 @@ class Request:
 
 
 def requested_strategy(training_args: TrainingArguments) -> Request:
-    """What the launch (its environment) and Trainer's own options ask for.
-
-    Read it before Trainer exists: its Accelerator rewrites the launcher's variables.
-    """
+    """What the launch (its environment) and Trainer's own options ask for; read it before
+    Trainer exists: its Accelerator rewrites the launcher's variables."""
     if _flag("ACCELERATE_USE_DEEPSPEED") or training_args.deepspeed:
         return Request(DistributedType.DEEPSPEED.name)
     fsdp_options = training_args.fsdp_plugin_args
@@ -138,27 +134,23 @@ class Strategy:
     distributed_type: str
     num_processes: int
 
-    @classmethod
-    def of(cls, accelerator: Accelerator) -> Strategy:
-        state = accelerator.state
-        distributed_type = state.distributed_type
-        if distributed_type == DistributedType.DEEPSPEED:
-            name = f"zero{state.deepspeed_plugin.zero_stage}"
-        elif distributed_type == DistributedType.FSDP:
-            name = f"fsdp{state.fsdp_plugin.fsdp_version}"
-        elif distributed_type == DistributedType.NO or state.num_processes == 1:
-            name = "single"
-        else:
-            name = "ddp"
-        return cls(name, distributed_type.name, state.num_processes)
-
 
 def check_strategy(request: Request, accelerator: Accelerator) -> Strategy:
     """The strategy accelerate set up; `InputError` unless it is the requested one."""
-    strategy = Strategy.of(accelerator)
+    state = accelerator.state
+    distributed_type = state.distributed_type
+    if distributed_type == DistributedType.DEEPSPEED:
+        name = f"zero{state.deepspeed_plugin.zero_stage}"
+    elif distributed_type == DistributedType.FSDP:
+        name = f"fsdp{state.fsdp_plugin.fsdp_version}"
+    elif distributed_type == DistributedType.NO or state.num_processes == 1:
+        name = "single"
+    else:
+        name = "ddp"
+    strategy = Strategy(name, distributed_type.name, state.num_processes)
     check_granted(request, strategy, accelerator.device.type)
-    if strategy.distributed_type == DistributedType.DEEPSPEED.name:
-        check_zero3_saves_a_model(accelerator.state.deepspeed_plugin.deepspeed_config)
+    if distributed_type == DistributedType.DEEPSPEED:
+        check_zero3_saves_a_model(state.deepspeed_plugin.deepspeed_config)
     return strategy
 
 

@@ -1,21 +1,16 @@
 """Tensor parallelism (Megatron-LM style) for transformers' GPT-2, with torch DTensor.
 
 Every process of a 1-D device mesh holds 1/P of each large matrix and all of the activations:
+attention's `c_attn` (q, k, v) split by output columns so that each rank holds whole heads,
+its `c_proj` by input rows (one all-reduce of the partial products per attention); the MLP's
+`c_fc` by columns, `c_proj` by rows (one all-reduce); the tied token embedding and output
+layer by vocabulary rows (the lookup sums each rank's rows, the logits are gathered whole for
+the loss). Position embeddings, layer norms and the biases after an all-reduce stay whole.
 
-- attention: `c_attn` (q, k, v) is split by output columns so that each rank holds whole heads
-  of q, k and v, attention runs on the local heads, and `c_proj` is split by input rows; its
-  partial products are summed across ranks (one all-reduce per attention);
-- MLP: `c_fc` by columns, `c_proj` by rows (one all-reduce per MLP);
-- the token embedding and the output layer, which GPT-2 ties, are split by vocabulary rows: the
-  embedding lookup sums each rank's rows (the others contribute zeros), the output layer's
-  logits are gathered whole for the loss.
-
-Position embeddings, layer norms and the biases added after an all-reduce stay whole on every
-rank. transformers has no tensor-parallel plan for GPT-2 (`tp_plan` is empty) and torch's
-`ColwiseParallel`/`RowwiseParallel` accept `nn.Linear` and `nn.Embedding` only, so the model's
-`Conv1D` layers (y = x W + b, W stored as in x out) are first replaced by equal `nn.Linear`
-layers (W transposed). A model prepared here trains like the original but is no longer laid
-out as a saved GPT-2 (Linear layers, q/k/v rows grouped by rank).
+transformers has no tensor-parallel plan for GPT-2 (`tp_plan` is empty) and torch's
+`ColwiseParallel`/`RowwiseParallel` take `nn.Linear` and `nn.Embedding` only, so the model's
+`Conv1D` layers (y = x W + b, W stored as in x out) first become equal `nn.Linear` layers. A
+model prepared here trains like the original but is no longer laid out as a saved GPT-2.
 """
 
 from __future__ import annotations
@@ -60,11 +55,8 @@ def check_tensor_parallel_size(num_heads: int, num_ranks: int) -> None:
 
 
 def parallelize_gpt2(model: GPT2LMHeadModel, mesh: DeviceMesh) -> GPT2LMHeadModel:
-    """Shard `model` in place over the 1-D `mesh` (GPT2_TP_PLAN) and return it.
-
-    The model may live on any device type the mesh has (CPU with gloo, CUDA with NCCL); every
-    rank must start from the same weights (same seed), and DTensor takes rank 0's values.
-    """
+    """Shard `model` in place over the 1-D `mesh` (GPT2_TP_PLAN) and return it; every rank
+    starts from the same weights (same seed), and DTensor takes rank 0's."""
     num_ranks = mesh.size()
     check_tensor_parallel_size(model.config.n_head, num_ranks)
     for block in model.transformer.h:
@@ -97,11 +89,8 @@ def conv1d_to_linear(conv: Conv1D) -> nn.Linear:
 
 
 def group_qkv_by_rank(c_attn: nn.Linear, num_ranks: int) -> nn.Linear:
-    """Reorder the fused projection's output rows from [q | k | v] to [q_0 k_0 v_0 | q_1 ...].
-
-    `ColwiseParallel` gives rank r the r-th contiguous 1/P of the rows; in this order that is
-    the q, k and v of the same heads, which the attention on that rank then splits in three.
-    """
+    """Reorder the fused projection's output rows from [q | k | v] to [q_0 k_0 v_0 | q_1 ...]:
+    the r-th contiguous 1/P of the rows (rank r's, `ColwiseParallel`) is then one set of heads."""
     hidden_size = c_attn.in_features
     shard_size = hidden_size // num_ranks
     with torch.no_grad():
@@ -113,12 +102,9 @@ def group_qkv_by_rank(c_attn: nn.Linear, num_ranks: int) -> nn.Linear:
 
 
 def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Clip the gradients of sharded (DTensor) and whole (Tensor) parameters together by the
-    2-norm of the full gradient; return that norm.
-
-    torch's `clip_grad_norm_` refuses the mix. A DTensor's norm covers all its shards (DTensor
-    reduces it across the mesh); a whole parameter is the same on every rank and counts once.
-    """
+    """Clip sharded (DTensor) and whole parameters' gradients together by the full gradient's
+    2-norm and return it (torch's `clip_grad_norm_` refuses the mix). A DTensor's norm covers
+    all its shards; a whole parameter is the same on every rank and counts once."""
     with_grad = [p for p in parameters if p.grad is not None]
     sharded = [p for p in with_grad if isinstance(p.grad, DTensor)]
     whole = [p for p in with_grad if not isinstance(p.grad, DTensor)]
