@@ -71,8 +71,10 @@ def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[...,
         try:
             return main(argv) or 0
         except (InputError, RunFailed) as err:
-            # One line whatever the message: a library's multi-line text included.
-            print("error: " + " ".join(str(err).split()), file=sys.stderr)
+            # One line whatever the message: a library's multi-line text included. One write
+            # with its newline: print's two writes interleave with other processes' lines.
+            sys.stderr.write("error: " + " ".join(str(err).split()) + "\n")
+            sys.stderr.flush()
             return EXIT_BAD_INPUT if isinstance(err, InputError) else EXIT_RUN_FAILED
 
     return wrapper
