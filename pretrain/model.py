@@ -1,9 +1,7 @@
-"""GPT-2 model presets, built from scratch (random weights) around a tokenizer.
+"""GPT-2 model presets (transformers' `GPT2LMHeadModel`), random weights around a tokenizer.
 
-The architecture is transformers' `GPT2LMHeadModel`; this module only decides its shape. The
-vocabulary comes from the tokenizer, rounded up to a multiple of 128 so the embedding and the
-output matmul tile evenly on tensor cores (nanoGPT pads 50257 to 50304 for the same reason);
-the extra rows are never produced by the tokenizer and simply learn to be unlikely.
+The vocabulary is the tokenizer's rounded up to a multiple of 128, so that the embedding and the
+output matmul tile evenly on tensor cores (nanoGPT pads 50257 to 50304 likewise).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from common.tokenization import load_tokenizer
 from pretrain.args import PrecisionChoice, PretrainArguments, resolve_training_arguments
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.cache import copy_document_split, load_blocks, prepare_blocks, read_stats
+from pretrain.blocks.cache import load_blocks, prepare_blocks, read_stats
 from pretrain.checkpoints import (
     RESUME_AUTO,
     check_adopted_checkpoint,
@@ -56,14 +56,10 @@ class RunPlan:
     token_budget: int | None = None  # --max_train_tokens as asked (the run may round it up)
     resume_checkpoint: Path | None = None
     resumed_from_step: int = 0
-    # What a checkpoint of this run records (Trainer's loop): a finished run is compared with it.
-    run_identity: dict[str, Any] | None = None
-    # Checkpoints that resuming skipped: each one's name, why, and where it was moved.
-    skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)
-    # The summary of this same run when it already finished in the folder (nothing to do).
-    finished: dict[str, Any] | None = None
-    # The check of a checkpoint resumed without a manifest (check_adopted_checkpoint).
-    unverified_checkpoint: dict[str, Any] | None = None
+    run_identity: dict[str, Any] | None = None  # what its checkpoints record (Trainer's loop)
+    skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)  # with why
+    finished: dict[str, Any] | None = None  # the summary, when it finished in the folder already
+    unverified_checkpoint: dict[str, Any] | None = None  # check_adopted_checkpoint's record
     # Described once the model and the parallelism exist (RunShell.describe).
     config: dict[str, Any] = field(default_factory=dict)
     num_parameters: int = 0
@@ -72,10 +68,6 @@ class RunPlan:
     strategy: Strategy | None = None
     accelerator_state: str = ""
     speed_settings: dict[str, Any] = field(default_factory=dict)
-
-    def copy_document_split(self, run_dir: str | Path) -> None:
-        """Record in the run folder which documents the blocks' splits hold (for the probe)."""
-        copy_document_split(self.data["cache_dir"], run_dir)
 
 
 def plan_run(

@@ -34,6 +34,7 @@ from common.run_contract import (
     TIME_OTHER,
 )
 from pretrain.args import PretrainArguments
+from pretrain.blocks.cache import copy_document_split
 from pretrain.checkpoints import (
     CheckpointManifestCallback,
     CheckpointOnSignalCallback,
@@ -175,7 +176,8 @@ class RunShell:
         with trainer_creation_environment(self.tensorboard_dir, args.model.compile_regions):
             plan.strategy, plan.accelerator_state = self.build(model)
         if is_main:
-            plan.copy_document_split(self.output_dir)
+            # Which documents the blocks' splits hold, for the probe.
+            copy_document_split(plan.data["cache_dir"], self.output_dir)
         # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
         saves = failures_in_one_line(self.output_dir, 12 * plan.num_parameters, is_main)
         with saves if self.trainer_loop else nullcontext(), compiled_once(compile_cache):

@@ -35,8 +35,7 @@ class LoopResult:
     loop_seconds: float | None = None  # this session's loop, first step included
     first_step_seconds: float | None = None  # carries torch.compile's work and the warm-up
     ranks: list[dict[str, Any]] = field(default_factory=list)  # metrics.rank_footprint's
-    # The step at which the loss, the gradient or the weights became NaN or infinite, and what
-    # was seen there ("loss nan"); None for a run that stayed finite.
+    # Where the loss, the gradient or the weights became NaN or infinite, what was seen there.
     diverged_at_step: int | None = None
     divergence: str | None = None
     # Where the wall seconds went (laps up to the evaluation), and each checkpoint save.
