@@ -278,12 +278,9 @@ def distort_images(images: Tensor, generator: torch.Generator) -> Tensor:
 
     angle = uniform(num_digits) * MAX_ROTATION_RADIANS
     scale = 1 + uniform(num_digits) * MAX_SCALE_CHANGE
-    theta = torch.zeros(num_digits, 2, 3, device=images.device)
-    theta[:, 0, 0] = scale * torch.cos(angle)
-    theta[:, 0, 1] = -scale * torch.sin(angle)
-    theta[:, 1, 0] = scale * torch.sin(angle)
-    theta[:, 1, 1] = scale * torch.cos(angle)
-    theta[:, :, 2] = uniform(num_digits, 2) * MAX_SHIFT
+    cos, sin = scale * torch.cos(angle), scale * torch.sin(angle)
+    shift = uniform(num_digits, 2) * MAX_SHIFT
+    theta = torch.stack([cos, -sin, shift[:, 0], sin, cos, shift[:, 1]], 1).view(-1, 2, 3)
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)
     # grid_sample fills outside pixels with 0, so shift the blank background to 0 and back.
     background = (0 - MNIST_MEAN) / MNIST_STD
@@ -326,8 +323,7 @@ class DeviceBatches:
         return math.ceil(len(self.labels) / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        num_digits = len(self.labels)
-        device = self.images.device
+        num_digits, device = len(self.labels), self.images.device
         if self.shuffle:
             order = torch.randperm(num_digits, device=device, generator=self.generator)
         else:
@@ -337,11 +333,7 @@ class DeviceBatches:
 
 
 def make_batches(
-    images: Tensor,
-    labels: Tensor,
-    args: MnistArguments,
-    training: bool,
-    device: torch.device,
+    images: Tensor, labels: Tensor, args: MnistArguments, training: bool, device: torch.device
 ) -> Iterable[tuple[Tensor, Tensor]]:
     """DeviceBatches with --on_device_data, else a DataLoader over MnistDataset.
 

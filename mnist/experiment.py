@@ -63,11 +63,7 @@ def build_lr_scheduler(
 
 
 def epoch_record(
-    epoch: int,
-    train: Evaluation,
-    val: Evaluation | None,
-    learning_rate: float,
-    epoch_start: float,
+    epoch: int, train: Evaluation, val: Evaluation | None, learning_rate: float, epoch_start: float
 ) -> dict[str, Any]:
     """One entry of metrics.json's history; `val` is None without a validation split,
     `epoch_start` the epoch's `time.perf_counter()` start."""

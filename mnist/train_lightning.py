@@ -148,14 +148,9 @@ class EpochHistory(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
         # After this epoch's validation, before Lightning resets the logged train metrics.
+        epoch, train = trainer.current_epoch + 1, pl_module.train_metrics.compute()
         self.history.append(
-            epoch_record(
-                trainer.current_epoch + 1,
-                pl_module.train_metrics.compute(),
-                self.val,
-                self.learning_rate,
-                self.epoch_start,
-            )
+            epoch_record(epoch, train, self.val, self.learning_rate, self.epoch_start)
         )
 
 
