@@ -342,13 +342,6 @@ def run_strategy(
     return row
 
 
-def compare_with_references(rows: list[ComparisonRow]) -> None:
-    """Set each row's loss difference from the first row's, single's (when both finished)."""
-    for row in rows:
-        if row.succeeded and rows[0].succeeded:
-            row.loss_difference = row.final_loss - rows[0].final_loss
-
-
 def format_bytes(value: float | None) -> str:
     """Binary units, three significant digits or more: 583 KiB, 1.14 MiB, 1010 MiB."""
     if value is None:
@@ -473,9 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = STRATEGY_SPECS["single"]
     parse_pretrain_args(training_argv(args, spec, output_dir, args.global_batch_size, flags))
     create_output_dir(output_dir, args.overwrite)
-    strategies = args.chosen_strategies()
-    rows = [run_strategy(args, spec, output_dir, flags) for spec in strategies]
-    compare_with_references(rows)
+    rows = [run_strategy(args, spec, output_dir, flags) for spec in args.chosen_strategies()]
+    for row in rows:  # the loss difference from the first row's, single's, when both finished
+        if row.succeeded and rows[0].succeeded:
+            row.loss_difference = row.final_loss - rows[0].final_loss
     table = write_comparison(args, rows, output_dir, argv)
     print("\n".join(table))
     failed = [row.strategy for row in rows if not row.succeeded]

@@ -1,10 +1,4 @@
-"""Tokenizer folders and document tokenization, shared by block preparation and the probe.
-
-`load_tokenizer` loads a fast tokenizer with an end-of-text token from a local folder (never
-the hub); `tokenize_stream` turns documents into token ids batch by batch, with an end-of-text
-after each document, reading special-token text inside a document as plain text and a long
-document in pieces (`cut_into_pieces`); `tokenize_documents` does it for a list at once.
-"""
+"""Tokenizer folders and document tokenization, shared by block preparation and the probe."""
 
 from __future__ import annotations
 

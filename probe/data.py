@@ -109,11 +109,7 @@ def load_probe_documents(
 
 
 def split_documents(
-    texts: list[str],
-    labels: np.ndarray,
-    test_fraction: float,
-    seed: int,
-    forced_test: np.ndarray,
+    texts: list[str], labels: np.ndarray, test_fraction: float, seed: int, forced_test: np.ndarray
 ) -> np.ndarray:
     """Boolean mask of the test documents (rule 3 of the module docstring); `forced_test`
     marks the documents that must be tested, never trained on."""

@@ -99,10 +99,7 @@ def load_transformer(model_dir: Path) -> GPT2Model:
         raise InputError(f"{model_dir} is damaged: {damage}")
     try:
         model, loading = GPT2Model.from_pretrained(
-            str(model_dir),
-            local_files_only=True,
-            output_loading_info=True,
-            trust_remote_code=False,
+            str(model_dir), local_files_only=True, output_loading_info=True, trust_remote_code=False
         )
     except (OSError, ValueError, RuntimeError, SafetensorError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -68,10 +68,7 @@ METHOD_DESCRIPTIONS = {
     PROBE_TFIDF: "TF-IDF (words and word pairs) + logistic regression",
 }
 # Each network: its fine-tuned row and its linear-probe row.
-NETWORKS = {
-    PROBE_PRETRAINED: PROBE_PRETRAINED_LINEAR,
-    PROBE_RANDOM_INIT: PROBE_RANDOM_INIT_LINEAR,
-}
+NETWORKS = {PROBE_PRETRAINED: PROBE_PRETRAINED_LINEAR, PROBE_RANDOM_INIT: PROBE_RANDOM_INIT_LINEAR}
 
 
 def parse_probe_args(argv: list[str] | None = None) -> ProbeCommand:

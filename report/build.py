@@ -1,12 +1,6 @@
-"""Build the report: figures and report.md from one or more run folders (each kind of run's
-section: report/sections.py).
-
-Works for GPT pretraining runs (with their classification probe's results when they were
-probed), LeNet-5 runs and parallelism comparisons (told apart by their summary file, see
-`common/run_contract.py`), and for a mix of them; runs of the same kind are overlaid in one set
-of figures (legend = run folder). Unfinished or older runs are reported with what they hold
-and a note of what is missing.
-"""
+"""Build the report: figures and report.md from one or more run folders, of any mix of kinds
+(each kind's section: report/sections.py); runs of the same kind are overlaid in one set of
+figures (legend = run folder)."""
 
 from __future__ import annotations
 

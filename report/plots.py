@@ -20,9 +20,8 @@ from matplotlib.ticker import MaxNLocator
 from common import run_contract as contract
 from report.run_folder import RunRecord
 
-# Smoothing as TensorBoard's slider does it (a debiased exponential moving average), with a
-# weight that averages over about 1/20 of the curve, so short and long runs both read clearly;
-# never below TensorBoard's default 0.6 nor above 0.99.
+# Smoothing averages over about 1/20 of the curve, so short and long runs both read clearly;
+# its weight never below TensorBoard's default 0.6 nor above 0.99.
 SMOOTHING_SPAN_FRACTION = 1 / 20
 SMOOTHING_WEIGHT_RANGE = (0.6, 0.99)
 PANEL_SIZE = (6.0, 3.6)

@@ -156,10 +156,7 @@ def train_tokenizer(
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     corpus_args, tokenizer_args = parse_args(
-        [CorpusArguments, TokenizerArguments],
-        argv,
-        description=__doc__,
-        prog="train-tokenizer",
+        [CorpusArguments, TokenizerArguments], argv, description=__doc__, prog="train-tokenizer"
     )
     train_tokenizer(corpus_args, tokenizer_args)
     print(tokenizer_args.output_dir)
