@@ -85,17 +85,14 @@ class MnistArguments:
     )
 
     def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise ValueError(f"--batch_size must be at least 1, got {self.batch_size}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"--learning_rate must be positive, got {self.learning_rate}")
-        if not 0 <= self.val_fraction < 1:
-            raise ValueError(f"--val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.log_every_n_steps < 1:
-            raise ValueError(
-                f"--log_every_n_steps must be at least 1, got {self.log_every_n_steps}"
-            )
-        if self.max_steps == 0 or self.max_steps < -1:
-            raise ValueError(f"--max_steps must be positive or -1, got {self.max_steps}")
+        rules = {
+            "epochs": (self.epochs >= 1, "at least 1"),
+            "batch_size": (self.batch_size >= 1, "at least 1"),
+            "learning_rate": (not self.learning_rate <= 0, "positive"),
+            "val_fraction": (0 <= self.val_fraction < 1, "in [0, 1)"),
+            "log_every_n_steps": (self.log_every_n_steps >= 1, "at least 1"),
+            "max_steps": (self.max_steps > 0 or self.max_steps == -1, "positive or -1"),
+        }
+        for name, (valid, rule) in rules.items():
+            if not valid:
+                raise ValueError(f"--{name} must be {rule}, got {getattr(self, name)}")

@@ -1,12 +1,7 @@
-"""Read what a training run left in its folder: summary JSON, TensorBoard events, nvidia-smi,
-and the classification probe's results; or a parallelism comparison's folder.
-
-Both stages write the same kind of run folder, described in `common/run_contract.py`: a
-summary JSON whose name says which stage wrote it, TensorBoard event files, and the
-`nvidia-smi` snapshot when a GPU was present; a pretraining run probed by `probe/run.py` also
-holds one results file per label level in its probe folder. A run may be unfinished or from an
-older version: `load_run` then records what is missing in `RunRecord.notes` and returns
-whatever is there.
+"""Read what a training run left in its folder (`common/run_contract.py`): summary JSON,
+TensorBoard events, nvidia-smi, and the classification probe's results; or a parallelism
+comparison's folder. A run may be unfinished or from an older version: `load_run` then records
+what is missing in `RunRecord.notes` and returns whatever is there.
 """
 
 from __future__ import annotations
