@@ -92,11 +92,8 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._share_groups_and_state()
 
     def _share_groups_and_state(self) -> None:
-        split = len(self.adamw.param_groups)
-        self.adamw.param_groups, self.muon.param_groups = (
-            self.param_groups[:split],
-            self.param_groups[split:],
-        )
+        groups, split = self.param_groups, len(self.adamw.param_groups)
+        self.adamw.param_groups, self.muon.param_groups = groups[:split], groups[split:]
         self.adamw.state = self.muon.state = self.state
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -59,8 +59,7 @@ class GPT2PipelineStage(nn.Module):
             self.lm_head.weight = nn.Parameter(body.wte.weight.detach().clone())
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        sequence_length = inputs.shape[1]
-        position_ids = torch.arange(sequence_length, device=inputs.device)[None]  # (1, T)
+        position_ids = torch.arange(inputs.shape[1], device=inputs.device)[None]  # (1, T)
         hidden = inputs  # (B, T, H) from the previous stage
         if self.is_first:
             hidden = self.drop(self.wte(inputs) + self.wpe(position_ids))  # from ids (B, T)
@@ -120,13 +119,9 @@ class GPT2Pipeline:
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip every stage's gradients by the whole model's gradient norm; return it: the sum
         over stages of each one's squares, the tied pair counted once (on the first stage)."""
-        own = [
-            p
-            for p in self.module.parameters()
-            if not (self.module.is_last and p is self.module.tied_weight())
-        ]
-        local_norm = torch.nn.utils.get_total_norm([p.grad for p in own if p.grad is not None])
-        squares = local_norm.square()
+        tied_copy = self.module.tied_weight() if self.module.is_last else None
+        grads = [p.grad for p in self.module.parameters() if p is not tied_copy]
+        squares = torch.nn.utils.get_total_norm([g for g in grads if g is not None]).square()
         dist.all_reduce(squares)
         total_norm = squares.sqrt()
         torch.nn.utils.clip_grads_with_norm_(self.module.parameters(), max_norm, total_norm)
