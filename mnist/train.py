@@ -40,21 +40,26 @@ def train_one_epoch(
     model: nn.Module,
     batches: Batches,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     device: torch.device,
-    generator: torch.Generator | None,
-    on_step: Callable[[Tensor, Tensor, float], None],
-    max_batches: int,
+    *,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[Tensor, Tensor, float], None] | None = None,
+    max_batches: int = -1,
+    progress: bool = True,
 ) -> Evaluation:
-    """One pass over `batches` (at most `max_batches`); mean loss and accuracy of the epoch (no
-    confusion matrix).
+    """One pass over `batches` (at most `max_batches` when positive); mean loss and accuracy
+    of the epoch (no confusion matrix).
 
     `generator` turns on random distortions; `on_step(loss, batch_accuracy, learning_rate)`
     gets device tensors after every optimizer step, so that it alone decides when to sync.
+    `progress` shows a progress bar over the batches.
     """
     model.train()
     metrics = DigitMetrics().to(device)
-    for batch_index, (images, labels) in enumerate(tqdm(batches, desc="train", leave=False)):
+    for batch_index, (images, labels) in enumerate(
+        tqdm(batches, desc="train", leave=False, disable=not progress)
+    ):
         if batch_index == max_batches:
             break
         images = images.to(device, non_blocking=True)
@@ -66,8 +71,10 @@ def train_one_epoch(
         loss.backward()
         optimizer.step()
         learning_rate = optimizer.param_groups[0]["lr"]  # the rate this step used
-        scheduler.step()
-        on_step(loss.detach(), batch_accuracy, learning_rate)
+        if scheduler is not None:
+            scheduler.step()
+        if on_step is not None:
+            on_step(loss.detach(), batch_accuracy, learning_rate)
     return metrics.compute()
 
 
@@ -120,9 +127,15 @@ def fit(
         epoch_start = time.perf_counter()
         learning_rate = optimizer.param_groups[0]["lr"]
         train_epoch = train_one_epoch(
-            model, train_batches, optimizer, scheduler, device, generator, log_step,
-            total_steps - global_step,
-        )  # fmt: skip
+            model,
+            train_batches,
+            optimizer,
+            scheduler,
+            device,
+            generator=generator,
+            on_step=log_step,
+            max_batches=total_steps - global_step,
+        )
         log_evaluation("train", train_epoch)
         val = evaluate(model, val_batches, device) if len(splits.val_labels) else None
         if val is not None:
