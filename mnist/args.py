@@ -88,7 +88,7 @@ class MnistArguments:
         rules = {
             "epochs": (self.epochs >= 1, "at least 1"),
             "batch_size": (self.batch_size >= 1, "at least 1"),
-            "learning_rate": (not self.learning_rate <= 0, "positive"),
+            "learning_rate": (self.learning_rate > 0, "positive"),
             "val_fraction": (0 <= self.val_fraction < 1, "in [0, 1)"),
             "log_every_n_steps": (self.log_every_n_steps >= 1, "at least 1"),
             "max_steps": (self.max_steps > 0 or self.max_steps == -1, "positive or -1"),

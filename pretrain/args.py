@@ -84,9 +84,15 @@ class ModelArguments:
 
     def model_config(self, tokenizer: PreTrainedTokenizerBase, block_size: int) -> GPT2Config:
         """The GPT-2 these options ask for, around `tokenizer`, for `block_size` blocks."""
-        names = ("vocab_size", "dropout", "attn_implementation", "activation_function")
-        options = {name: getattr(self, name) for name in names}
-        return build_model_config(self.model_preset, tokenizer, block_size, **options)
+        return build_model_config(
+            self.model_preset,
+            tokenizer,
+            block_size,
+            vocab_size=self.vocab_size,
+            dropout=self.dropout,
+            attn_implementation=self.attn_implementation,
+            activation_function=self.activation_function,
+        )
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:
