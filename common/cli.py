@@ -59,6 +59,8 @@ def setup_logging(level: int = logging.INFO) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
     logging.getLogger().setLevel(level)
+    # TensorBoard's event reader logs each folder it walks at INFO: noise in our logs.
+    logging.getLogger("tensorboard").setLevel(max(level, logging.WARNING))
 
 
 def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[..., int]:
