@@ -275,12 +275,28 @@ def resolve_training_arguments(
         num_train_blocks, batch_blocks, args.data.block_size, training_args.max_steps
     )
     training_args.max_steps = schedule.max_steps
+    check_decay_fits(training_args)
     logger.info(
         "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
         f"{schedule.num_train_blocks:,}", schedule.block_size, schedule.batch_blocks,
         f"{schedule.batch_tokens:,}", schedule.max_steps,
     )  # fmt: skip
     return precision, schedule
+
+
+def check_decay_fits(training_args: TrainingArguments) -> None:
+    """A decay in steps (warmup_stable_decay) must fit the run's steps, which follow from the
+    budget and the batch: transformers silently starts a longer one below the peak rate."""
+    decay_steps = (training_args.lr_scheduler_kwargs or {}).get("num_decay_steps")
+    if decay_steps is None:
+        return
+    steps, warmup = training_args.max_steps, training_args.get_warmup_steps(training_args.max_steps)
+    if warmup + decay_steps > steps:
+        raise InputError(
+            f"--lr_scheduler_kwargs num_decay_steps {decay_steps} and {warmup} warmup steps do "
+            f"not fit in this run's {steps} steps: give num_decay_steps at most {steps - warmup} "
+            f"(e.g. {round(0.65 * steps)}, 65% of the steps)"
+        )
 
 
 LAUNCHER_PRECISION_VARIABLE = "ACCELERATE_MIXED_PRECISION"

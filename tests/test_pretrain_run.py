@@ -273,6 +273,13 @@ def test_unknown_config_key_is_rejected(tmp_path):
         ({"block_size": 512}, "--block_size 512 is longer than the 256 positions of preset"),
         ({"vocab_size": 256}, "vocab_size 256 is smaller than the tokenizer's 512 tokens"),
         ({"max_train_tokens": 100}, "less than one global batch of 256 tokens"),
+        (
+            {
+                "lr_scheduler_type": "warmup_stable_decay",
+                "lr_scheduler_kwargs": '{"num_decay_steps": 30}',
+            },
+            "num_decay_steps 30 and 0 warmup steps do not fit in this run's 24 steps",
+        ),
         ({"corpus": "/no/such/corpus.txt"}, "/no/such/corpus.txt"),
         ({"resume_from_checkpoint": "/no/checkpoint-3"}, "cannot be resumed from: it does not"),
         # Options that need the network or a package not installed: refused before any work.
