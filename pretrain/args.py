@@ -275,7 +275,7 @@ def resolve_training_arguments(
         num_train_blocks, batch_blocks, args.data.block_size, training_args.max_steps
     )
     training_args.max_steps = schedule.max_steps
-    check_decay_fits(training_args)
+    resolve_decay_steps(training_args)
     logger.info(
         "%s training blocks of %d tokens, global batch %d blocks (%s tokens): %d steps",
         f"{schedule.num_train_blocks:,}", schedule.block_size, schedule.batch_blocks,
@@ -284,18 +284,25 @@ def resolve_training_arguments(
     return precision, schedule
 
 
-def check_decay_fits(training_args: TrainingArguments) -> None:
-    """A decay in steps (warmup_stable_decay) must fit the run's steps, which follow from the
-    budget and the batch: transformers silently starts a longer one below the peak rate."""
-    decay_steps = (training_args.lr_scheduler_kwargs or {}).get("num_decay_steps")
-    if decay_steps is None:
+def resolve_decay_steps(training_args: TrainingArguments) -> None:
+    """warmup_stable_decay's num_decay_steps, given as a share of the steps (0.65) as
+    --warmup_steps can be: the steps follow from the budget and the batch, so a count in a config
+    breaks when either changes. The decay must fit after the warmup: transformers silently
+    starts a longer one below the peak rate."""
+    kwargs = training_args.lr_scheduler_kwargs or {}
+    decay, steps = kwargs.get("num_decay_steps"), training_args.max_steps
+    if decay is None:
         return
-    steps, warmup = training_args.max_steps, training_args.get_warmup_steps(training_args.max_steps)
-    if warmup + decay_steps > steps:
+    if 0 < decay < 1:
+        share, decay = decay, math.ceil(decay * steps)
+        training_args.lr_scheduler_kwargs = {**kwargs, "num_decay_steps": decay}
+        logger.info("num_decay_steps %s: the last %d of %d steps", share, decay, steps)
+    warmup = training_args.get_warmup_steps(steps)
+    if warmup + decay > steps:
         raise InputError(
-            f"--lr_scheduler_kwargs num_decay_steps {decay_steps} and {warmup} warmup steps do "
-            f"not fit in this run's {steps} steps: give num_decay_steps at most {steps - warmup} "
-            f"(e.g. {round(0.65 * steps)}, 65% of the steps)"
+            f"--lr_scheduler_kwargs num_decay_steps {kwargs['num_decay_steps']} and {warmup} "
+            f"warmup steps do not fit in this run's {steps} steps: give at most "
+            f"{steps - warmup} steps, or a share of the steps (e.g. 0.65)"
         )
 
 

@@ -31,7 +31,7 @@ from pretrain_runs import (
     tiny_run_argv,
 )
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments, get_scheduler
 
 from common.cli import InputError
 from common.files import file_digests, sealed_folder_damage
@@ -52,6 +52,7 @@ from common.run_contract import (
     TRAIN_LOSS,
 )
 from pretrain import generate
+from pretrain.args import resolve_decay_steps
 from pretrain.blocks.cache import load_blocks
 from pretrain.library_fixes import COMPILE_CACHE_MANIFEST, use_compile_cache
 from pretrain.run import main, parse_pretrain_args
@@ -294,6 +295,28 @@ def test_bad_input_is_one_line_and_exit_2(data_paths, tmp_path, capsys, flags, m
     assert err.startswith("error: ") and err.count("\n") == 1
     assert message in err
     assert not output_dir.exists()
+
+
+def test_a_decay_given_as_a_share_of_the_steps_ends_the_run_s_schedule(tmp_path):
+    args = TrainingArguments(
+        tmp_path, max_steps=184, warmup_steps=0.05, lr_scheduler_type="warmup_stable_decay",
+        lr_scheduler_kwargs={"num_decay_steps": 0.65, "decay_type": "linear", "min_lr_ratio": 0.05},
+    )  # fmt: skip
+    resolve_decay_steps(args)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type, optimizer, args.get_warmup_steps(184), 184,
+        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+    )  # fmt: skip
+    rates = []
+    for _ in range(184):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    # 10 warmup steps, 54 at the peak, then 120 (0.65 x 184, rounded up) from the peak to 5%.
+    assert rates.index(1.0) == 10 and rates.count(1.0) == 55
+    assert all(later < earlier for earlier, later in zip(rates[64:-1], rates[65:], strict=True))
+    assert rates[-1] == pytest.approx(0.05, abs=0.01)
 
 
 def test_missing_tokenizer_is_one_line_and_exit_2(data_paths, tmp_path, capsys):
