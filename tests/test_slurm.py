@@ -286,6 +286,23 @@ def training_processes(run_dir: Path) -> list[int]:
     ]
 
 
+def pause_after_first_step(run_dir: Path) -> int:
+    """Stop (SIGSTOP) the training process writing RUN_DIR once it has logged a step, and return
+    its PID. It runs in 0.1 s slices until then: a tiny run's steps take about a second in all,
+    so a test that looked for the step while it ran on could find it finished, however early
+    it looked on a loaded machine."""
+    wait_until(lambda: training_processes(run_dir), "the training process to start")
+    (pid,) = training_processes(run_dir)
+    deadline = time.monotonic() + 120
+    os.kill(pid, signal.SIGSTOP)
+    while not scalar_steps(run_dir / "tensorboard", "train/loss"):
+        os.kill(pid, signal.SIGCONT)
+        assert time.monotonic() < deadline, "gave up waiting for a first step after 120 s"
+        time.sleep(0.1)
+        os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
 @pytest.mark.parametrize(
     "stop_signal", [signal.SIGUSR1, signal.SIGTERM], ids=["time-limit", "sigterm"]
 )
@@ -322,10 +339,7 @@ def test_pretrain_stop_signal_checkpoints_requeues_and_resumes(
     try:
         wait_until(lambda: cluster.jobs(name="gpt2-pretrain"), "the job to be submitted")
         (job_id,) = cluster.jobs(name="gpt2-pretrain")
-        wait_until(lambda: scalar_steps(run_dir / "tensorboard", "train/loss"), "a first step")
-        trainer_pids = training_processes(run_dir)
-        assert len(trainer_pids) == 1, trainer_pids
-        os.kill(trainer_pids[0], signal.SIGSTOP)
+        trainer_pids = [pause_after_first_step(run_dir)]
         if stop_signal == signal.SIGUSR1:
             # 2 minutes with a warning 90 s before the end: due within Slurm's next check.
             updated = cluster.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=2"])
