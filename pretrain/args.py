@@ -8,13 +8,12 @@ fp16 on older GPUs, fp32 on CPU); the launcher's "no" means "not decided", not "
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, NamedTuple, get_type_hints
 
 import torch
@@ -230,11 +229,9 @@ class PretrainArguments(NamedTuple):
     def to_dict(self, *extra: Any) -> dict[str, dict[str, Any]]:
         """The resolved values, keyed by dataclass name (TrainingArguments hides secrets), the
         `extra` option objects of a loop first."""
-        return {
-            type(arguments).__name__: dataclasses.asdict(arguments)
-            for arguments in (*extra, self.model, self.corpus, self.data, self.report)
-            + (self.optimizer,)
-        } | {"TrainingArguments": self.training.to_dict()}
+        options = (*extra, self.model, self.corpus, self.data, self.report, self.optimizer)
+        values = {type(option).__name__: asdict(option) for option in options}
+        return values | {"TrainingArguments": self.training.to_dict()}
 
     @classmethod
     def parse(
@@ -358,7 +355,7 @@ def resolve_precision(training_args: TrainingArguments) -> PrecisionChoice:
     # already applied an explicit --tf32, and refuses it on GPUs that lack it.
     tf32 = training_args.tf32
     if tf32 is None:
-        tf32 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+        tf32 = cuda and torch.cuda.get_device_capability(device)[0] >= 8
         if tf32:
             enable_tf32(True)
     choice = PrecisionChoice(mixed_precision=mixed_precision, source=source, tf32=bool(tf32))

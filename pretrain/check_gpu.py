@@ -140,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         prog="check-gpu",
     )
-    reason = cuda_unusable_reason()
-    if reason is not None:
+    if (reason := cuda_unusable_reason()) is not None:
         raise InputError(f"no usable GPU: {reason}")
     device, model = torch.device("cuda", 0), meta_model(args)
     lines = [*gpu_lines(), sdpa_line(device)]

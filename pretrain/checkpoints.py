@@ -1,9 +1,6 @@
 """Checkpoints that are whole or ignored, resume only of the same run, and the faults that stop
-a run: a diverged loss, a signal to save and stop.
-
-A checkpoint is complete when its manifest (every file's size and checksum and `run_identity`,
-written last by `CheckpointManifestCallback`) is there and every file still matches it: a save
-cut short never looks complete. Resuming refuses a checkpoint of another run, naming what differs.
+a run: a diverged loss, a signal to save and stop. A checkpoint is complete when its manifest,
+written last, is there and every file still matches it: a save cut short never looks complete.
 """
 
 from __future__ import annotations
@@ -67,8 +64,6 @@ IDENTITY_TRAINING_OPTIONS = (
     "optim", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "seed",
 )  # fmt: skip
-# Files that mark a finished run in the run folder.
-FINISHED_RUN_MARKERS = (GPT_SUMMARY_FILE, FINAL_MODEL_DIR)
 
 
 def checkpoint_global_step(checkpoint_dir: Path) -> int | None:
@@ -102,9 +97,8 @@ def checkpoint_damage(checkpoint_dir: Path, adopt: bool = False) -> str | None:
 
 def unsealed_checkpoint_damage(checkpoint_dir: Path) -> str | None:
     """Why a checkpoint without a manifest does not load (a save cut short), or None."""
-    if not any(checkpoint_dir.glob("model*.safetensors")) and not any(
-        checkpoint_dir.glob("pytorch_model*.bin")
-    ):
+    weights = ("model*.safetensors", "pytorch_model*.bin")
+    if not any(any(checkpoint_dir.glob(pattern)) for pattern in weights):
         return "no model weights and no manifest (the save was cut short)"
     try:
         TrainerState.load_from_json(str(checkpoint_dir / TRAINER_STATE_NAME))
@@ -135,23 +129,20 @@ def run_identity(
     model_config: GPT2Config,
     schedule: BlockSchedule,
 ) -> dict[str, Any]:
-    """What makes a run this run: continuing a checkpoint with any of these changed trains
-    another model than the one the checkpoint belongs to. The processes and the per-process
-    batch may change, as long as the global batch stays."""
-    settings = data["settings"]
-    options = {name: getattr(training_args, name) for name in IDENTITY_TRAINING_OPTIONS}
+    """What makes a run this run: a checkpoint continued with any of these changed trains another
+    model. The processes and the per-process batch may change, as long as the global batch stays."""
     return {
         "identity_version": IDENTITY_VERSION,
         "corpus": data["corpus_fingerprint"],
         "tokenizer": data["tokenizer_files_sha256"],
         "block_size": schedule.block_size,
-        **{name: settings[name] for name in IDENTITY_DATA_SETTINGS},
+        **{name: data["settings"][name] for name in IDENTITY_DATA_SETTINGS},
         "global_batch_blocks": schedule.batch_blocks,
         "max_steps": schedule.max_steps,
         **{name: getattr(model_config, name) for name in IDENTITY_MODEL_SHAPE},
-        **options,
-        "optim": str(options["optim"]),
-        "lr_scheduler_type": str(options["lr_scheduler_type"]),
+        **{name: getattr(training_args, name) for name in IDENTITY_TRAINING_OPTIONS},
+        "optim": str(training_args.optim),
+        "lr_scheduler_type": str(training_args.lr_scheduler_type),
     }
 
 
@@ -194,7 +185,7 @@ def resolve_resume_checkpoint(
     checkpoints = list_checkpoints(output_dir)
     if requested is None:
         leftovers = [p.name for p in checkpoints] + [
-            name for name in FINISHED_RUN_MARKERS if (output_dir / name).exists()
+            name for name in (GPT_SUMMARY_FILE, FINAL_MODEL_DIR) if (output_dir / name).exists()
         ]
         if leftovers:
             raise InputError(
@@ -239,8 +230,7 @@ def check_same_run(
     saved = manifest.get("run_identity")
     if saved is None:  # adopted: check_adopted_checkpoint says what could be checked
         return
-    differences = identity_differences(saved, identity, tokenizer_dir)
-    if differences:
+    if differences := identity_differences(saved, identity, tokenizer_dir):
         raise InputError(
             f"checkpoint {checkpoint} belongs to another run ({'; '.join(differences)}); "
             "resume it with the settings it was saved with, or start a new run in another "
@@ -277,8 +267,7 @@ def check_adopted_checkpoint(checkpoint: Path, validation: Any) -> dict[str, Any
 
 
 def warn_if_longer_than_grace(save_seconds: float, checkpoint_dir: Path) -> None:
-    """Warn when a checkpoint took longer to save than launch-pretraining waits after a stop
-    signal before it kills the processes: a save on the signal would be lost."""
+    """A save on a stop signal would be lost: warn when one took longer than the stop grace."""
     grace = stop_grace_seconds()
     if save_seconds > grace:
         logger.warning(
@@ -348,17 +337,14 @@ class DivergenceCallback(TrainerCallback):
         readings = {"loss": logs.get("loss")}
         if not args.fp16:
             readings["grad_norm"] = logs.get("grad_norm")
-        reading = divergence(readings)
-        if reading is None:
+        if (reading := divergence(readings)) is None:
             return
         self.diverged_at_step, self.reading = state.global_step, reading
         logger.error("training diverged at step %d (%s): stopping", state.global_step, reading)
         control.should_training_stop = True
         control.should_save = False
 
-    def on_train_end(
-        self, args, state: TrainerState, control: TrainerControl, model=None, **kwargs
-    ):
+    def on_train_end(self, args, state, control, model=None, **kwargs):
         # The logs can miss it (NaN steps logged as 0 by --logging_nan_inf_filter, a skipped
         # fp16 step): the weights cannot.
         if self.diverged_at_step is None and not weights_are_finite(model, args.device):

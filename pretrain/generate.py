@@ -27,8 +27,7 @@ def find_model_dir(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     for candidate in (run_dir / FINAL_MODEL_DIR, run_dir):
         if (candidate / "config.json").is_file():
-            damage = sealed_folder_damage(candidate)
-            if damage is not None:
+            if (damage := sealed_folder_damage(candidate)) is not None:
                 raise InputError(f"model folder {candidate} is damaged: {damage}")
             return candidate
     raise InputError(

@@ -56,8 +56,7 @@ def run_folder(script_args: list[str]) -> Path | None:
 
 
 def newest_complete_checkpoint(run_dir: Path | None) -> Path | None:
-    """The newest `checkpoint-<step>/` (Trainer's order, `sort_checkpoints`) that is complete:
-    its manifest, written last, reads (`read_manifest`, the rule resuming applies too)."""
+    """The newest `checkpoint-<step>/` that is complete: its manifest, written last, reads."""
     if run_dir is None:
         return None
     newest_first = (Path(path) for path in reversed(sort_checkpoints(str(run_dir))))
@@ -134,16 +133,14 @@ def outcome(codes: dict[int, int], stop: StopSignals) -> tuple[int, str | None]:
     checkpoint = newest_complete_checkpoint(stop.run_dir)
     newest = f"the newest complete checkpoint is {checkpoint or 'none'}"
     if stop.received is not None:
-        code = 128 + stop.received
         # Only a new complete checkpoint makes it a stop to resume from: a process that stops
         # before its first step exits 128 + signal too, and requeueing it would repeat that.
         if checkpoint != stop.checkpoint_before:
-            return code, None
+            return 128 + stop.received, None
         why = "it came before training began"
         if stop.grace_ended:
-            why = (
-                f"the processes were killed after {stop.timer.interval:g} s ({STOP_GRACE_VARIABLE})"
-            )
+            grace = f"{stop.timer.interval:g} s ({STOP_GRACE_VARIABLE})"
+            why = f"the processes were killed after {grace}"
         return cli.EXIT_RUN_FAILED, f"{stop.received.name} stopped the run unsaved: {why}; {newest}"
     rank, code = next(iter(codes.items()))
     if code >= 0:

@@ -151,8 +151,7 @@ def use_compile_cache(folder: Path, explicit: bool) -> Path | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with exclusive_lock(folder.parent / f".{folder.name}.lock", wait=True):
-            damage = sealed_folder_damage(folder, COMPILE_CACHE_MANIFEST)
-            if damage is not None:
+            if (damage := sealed_folder_damage(folder, COMPILE_CACHE_MANIFEST)) is not None:
                 aside = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
                 folder.rename(aside)
                 folder.mkdir()
@@ -191,11 +190,10 @@ def compiled_once(cache: Path | None = None) -> Iterator[None]:
     def drop_full_disk(record: logging.LogRecord) -> bool:  # the run ends on it in one line
         return NO_SPACE not in logging.Formatter().format(record)
 
-    dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
-    dynamo_log.addFilter(keep_reason)
-    compile_logs = [logging.getLogger(name) for name in FULL_DISK_LOGGERS]
-    for compile_log in compile_logs:
-        compile_log.addFilter(drop_full_disk)
+    filters = [(logging.getLogger("torch._dynamo.convert_frame"), keep_reason)]
+    filters += [(logging.getLogger(name), drop_full_disk) for name in FULL_DISK_LOGGERS]
+    for log, log_filter in filters:
+        log.addFilter(log_filter)
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             yield
@@ -223,9 +221,8 @@ def compiled_once(cache: Path | None = None) -> Iterator[None]:
             "run the rest eagerly; keep --whole_batches, or train with --torch_compile false"
         ) from err
     finally:
-        dynamo_log.removeFilter(keep_reason)
-        for compile_log in compile_logs:
-            compile_log.removeFilter(drop_full_disk)
+        for log, log_filter in filters:
+            log.removeFilter(log_filter)
 
 
 # Lines libraries log on every CPU run that say nothing about it, by logger: the run logs the
@@ -252,15 +249,12 @@ def library_progress_bars(enabled: bool) -> Iterator[None]:
     saving blocks) and transformers (writing model shards) too while the run lasts."""
     import datasets  # here: a second to import, which only training needs
 
-    datasets_bars = datasets.utils.is_progress_bar_enabled()
-    transformers_bars = transformers.utils.logging.is_progress_bar_enabled()
-    if not enabled:
-        datasets.utils.disable_progress_bars()
-        transformers.utils.logging.disable_progress_bar()
-    try:
+    with contextlib.ExitStack() as restore:  # turns back on at the end only what was on
+        if not enabled:
+            if datasets.utils.is_progress_bar_enabled():
+                restore.callback(datasets.utils.enable_progress_bars)
+            if transformers.utils.logging.is_progress_bar_enabled():
+                restore.callback(transformers.utils.logging.enable_progress_bar)
+            datasets.utils.disable_progress_bars()
+            transformers.utils.logging.disable_progress_bar()
         yield
-    finally:
-        if datasets_bars and not enabled:
-            datasets.utils.enable_progress_bars()
-        if transformers_bars and not enabled:
-            transformers.utils.logging.enable_progress_bar()

@@ -29,13 +29,12 @@ class _LinearCrossEntropySum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_size, compute_dtype, compute_grads):
         # hidden: (N, H), weight: (V, H), targets: (N,)
-        num_rows = hidden.shape[0]
         weight_c = weight.to(compute_dtype)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if compute_grads else None
         # fp32 so that summing over chunks does not lose the low bits of a bf16 sum.
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if compute_grads else None
-        for start in range(0, num_rows, chunk_size):
+        for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
             hidden_c = hidden[rows].to(compute_dtype)  # (C, H)
             target = targets[rows]  # (C,)

@@ -2,10 +2,9 @@
 step), MFU, the GPU's readings and `nvidia-smi` snapshot, and what each process holds.
 
 The callbacks act only at Trainer's logging steps, where it synchronises with the device anyway;
-every GPU function is a no-op without an NVIDIA GPU. What one process holds is its local shard
-of each parameter (DTensor, ZeRO-3 partition), a tied weight once; its optimizer state includes
-the parameters the optimizer updates that are not the model's (fp32 master copies). Peak memory
-on CPU is the whole process's resident set: compare it between strategies, not with parameters.
+every GPU function is a no-op without an NVIDIA GPU. Sizes count each process's local shard
+(DTensor, ZeRO-3 partition). Peak memory on CPU is the whole process's resident set: compare it
+between strategies, not with parameters.
 """
 
 from __future__ import annotations
@@ -84,8 +83,7 @@ def accelerator_name(device: torch.device) -> str:
 def job_peak_flops_per_second(
     peak_tflops: float | None, device: torch.device, num_devices: int
 ) -> float | None:
-    """The whole job's peak FLOP/s: one device's (`peak_tflops`, else by the GPU's name) times
-    the devices."""
+    """The job's peak FLOP/s: one device's (`peak_tflops`, else by its name) times the devices."""
     one_device = (
         peak_tflops * 1e12 if peak_tflops else peak_flops_per_second(accelerator_name(device))
     )
@@ -106,8 +104,7 @@ class Span(Enum):
 
     WHOLE_LOOP = "whole_loop"  # this session's loop, first step included (run_summary.json)
     WINDOW = "window"  # one logging window (TensorBoard's perf/tokens_per_second)
-    # The loop without its first step (compilation, warm-up): bench.compare_parallelism's.
-    AFTER_FIRST_STEP = "after_first_step"
+    AFTER_FIRST_STEP = "after_first_step"  # the loop less its first step (compilation, warm-up)
 
 
 def tokens_per_second(
@@ -126,8 +123,7 @@ def tokens_per_second(
 def model_flops_utilization(
     tokens_per_second: float | None, flops_per_token: float, peak_flops_per_second: float | None
 ) -> float | None:
-    """Model FLOPs utilisation: the training FLOP/s the tokens took (`flops_per_token`) over
-    the devices' peak; None without a speed or a known peak (e.g. on CPU)."""
+    """The training FLOP/s over the devices' peak; None without a speed or a known peak (CPU)."""
     if tokens_per_second is None or peak_flops_per_second is None:
         return None
     return tokens_per_second * flops_per_token / peak_flops_per_second
@@ -196,8 +192,7 @@ def rank_footprint(
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
-    local = local_tensor(tensor)
-    return local.numel() * local.element_size()
+    return local_tensor(tensor).nbytes
 
 
 def parameter_bytes(parameters: Iterable[torch.Tensor]) -> int:
@@ -253,8 +248,7 @@ class TimeBudget:
     def seconds(
         self, wall_seconds: float, first_step_seconds: float | None, save_seconds: float
     ) -> dict[str, float]:
-        """Seconds per part of `GPT_TIME_BUDGET_PARTS`, in its order, adding up to
-        `wall_seconds`."""
+        """Seconds per part of `GPT_TIME_BUDGET_PARTS`, in its order, summing to `wall_seconds`."""
         phases = dict(self.phases)
         loop = phases.pop(LOOP, 0.0)
         if first_step_seconds is not None:

@@ -43,8 +43,8 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 
-def round_vocab_size(num_tokens: int, multiple: int = VOCAB_MULTIPLE) -> int:
-    return math.ceil(num_tokens / multiple) * multiple
+def round_vocab_size(num_tokens: int) -> int:
+    return math.ceil(num_tokens / VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 def build_model_config(

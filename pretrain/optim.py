@@ -67,19 +67,6 @@ def check_muon_fits(muon_args: MuonArguments, request: Request) -> None:
         )
 
 
-def hidden_matrices(model: PreTrainedModel) -> dict[nn.Parameter, tuple[int, int]]:
-    """The 2-D weights of the transformer blocks, each with its (out, in) shape: GPT-2's Conv1D
-    stores (in, out), nn.Linear (out, in); the tied output head is the input embedding."""
-    head = model.get_output_embeddings()
-    matrices = {}
-    for module in model.modules():
-        if isinstance(module, Conv1D):
-            matrices[module.weight] = (module.nf, module.weight.shape[0])
-        elif isinstance(module, nn.Linear) and module is not head:
-            matrices[module.weight] = tuple(module.weight.shape)
-    return matrices
-
-
 class MuonWithAdamW(torch.optim.Optimizer):
     """torch's Muon over `muon_groups` and `adamw_cls` (AdamW) over `adamw_groups`, as one
     optimizer: its param groups (AdamW's first) and state are theirs, so schedulers, clipping
@@ -117,15 +104,22 @@ def muon_optimizer(
     `ns_steps` Newton-Schulz iterations a step (torch's default)."""
     if not muon_args.muon:
         return None
-    matrices = hidden_matrices(model)
-    # torch's Muon scales a step by sqrt(max(1, rows / columns)) of the tensor as stored; each
-    # group's rate carries the true (out, in) shape's factor over the stored one's, its decay
+    # Muon's: the blocks' 2-D weights (the tied output head is the input embedding). torch's Muon
+    # scales a step by sqrt(max(1, rows / columns)) of the tensor as stored, (in, out) in Conv1D:
+    # each group's rate carries the true (out, in) shape's factor over the stored one's, its decay
     # the inverse (torch decays by rate x decay): what nanochat's nn.Linear matrices get.
+    head = model.get_output_embeddings()
     by_factor: dict[float, list[nn.Parameter]] = {}
-    for matrix, (out_features, in_features) in matrices.items():
-        rows, columns = matrix.shape
-        factor = math.sqrt(max(1, out_features / in_features) / max(1, rows / columns))
-        by_factor.setdefault(factor, []).append(matrix)
+    for module in model.modules():
+        if isinstance(module, Conv1D):
+            rows, columns = module.weight.shape  # (in, out)
+            factor = math.sqrt(max(1, columns / rows) / max(1, rows / columns))
+        elif isinstance(module, nn.Linear) and module is not head:
+            factor = 1.0  # stored as (out, in)
+        else:
+            continue
+        by_factor.setdefault(factor, []).append(module.weight)
+    matrices = {matrix for group in by_factor.values() for matrix in group}
     rate, decay_rate = muon_args.muon_learning_rate, muon_args.muon_weight_decay
     muon_groups = [{"params": params, "lr": rate * factor, "weight_decay": decay_rate / factor}
                    for factor, params in sorted(by_factor.items())]  # fmt: skip

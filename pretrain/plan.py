@@ -86,7 +86,7 @@ def plan_run(
     model_config = args.model.model_config(tokenizer, data_args.block_size)
     for check in model_checks:
         check(model_config)
-    check_budget_fills_a_batch(args, batch_blocks)
+    check_budget_fills_a_batch(data_args, batch_blocks)
     output_dir = Path(training_args.output_dir)
     resume_checkpoint, skipped = None, []
     # A run that finished in the folder is left as it is: no checkpoint judged, adopted, moved.
@@ -111,7 +111,8 @@ def plan_run(
     precision, schedule = resolve_training_arguments(
         args, batch_blocks, count_train_blocks, trainer_loop
     )
-    data = {"cache_dir": str(prepared["cache_dir"]), **read_stats(prepared["cache_dir"])}
+    cache_dir, blocks = prepared["cache_dir"], prepared["blocks"]
+    data = {"cache_dir": str(cache_dir), **read_stats(cache_dir)}
     identity = finished = unverified = None
     if trainer_loop:
         identity = run_identity(training_args, data, model_config, schedule)
@@ -122,13 +123,11 @@ def plan_run(
             is_main = training_args.process_index == 0
             check_same_run(resume_checkpoint, identity, data_args.tokenizer_dir, is_main)
             if is_main:
-                unverified = check_adopted_checkpoint(
-                    resume_checkpoint, prepared["blocks"]["validation"]
-                )
+                unverified = check_adopted_checkpoint(resume_checkpoint, blocks["validation"])
     return RunPlan(
         tokenizer,
         model_config,
-        prepared["blocks"],
+        blocks,
         data,
         schedule,
         precision,
@@ -156,8 +155,7 @@ def check_finished_run(
             f"version {finished.get('summary_version')}) records no run identity: it cannot be "
             "compared with these settings; start a new run in another --output_dir"
         )
-    differences = identity_differences(saved, identity, tokenizer_dir, where="in that run")
-    if differences:
+    if differences := identity_differences(saved, identity, tokenizer_dir, where="in that run"):
         raise InputError(
             f"run folder {output_dir} holds a finished run of other settings "
             f"({'; '.join(differences)}); start a new run in another --output_dir"
@@ -165,9 +163,8 @@ def check_finished_run(
     return finished
 
 
-def check_budget_fills_a_batch(args: PretrainArguments, batch_blocks: int) -> None:
+def check_budget_fills_a_batch(data_args: DataArguments, batch_blocks: int) -> None:
     """Refuse a token budget below one optimizer step before tokenizing anything."""
-    data_args = args.data
     batch_tokens = batch_blocks * data_args.block_size
     if data_args.max_train_tokens is not None and data_args.max_train_tokens < batch_tokens:
         # The loop's batch, not TrainingArguments': the TP/PP loop's is one process's blocks.

@@ -56,8 +56,7 @@ def hold_run_folder(output_dir: Path, training_args: TrainingArguments) -> Itera
 
 
 def unfinished_saves(output_dir: Path) -> set[Path]:
-    """What a save cut short leaves: checkpoints without their manifest, the final model's
-    staging folder."""
+    """What a save cut short leaves: unsealed checkpoints, the final model's staging folder."""
     staging = staging_dir_of(output_dir / FINAL_MODEL_DIR)
     return {path for path in list_checkpoints(output_dir) if read_manifest(path) is None} | (
         {staging} if staging.exists() else set()

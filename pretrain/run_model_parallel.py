@@ -59,7 +59,7 @@ from pretrain.parallel.pipeline import (
     build_gpt2_pipeline,
     check_pipeline_arguments,
 )
-from pretrain.parallel.strategy import Strategy, check_model_parallel_launch
+from pretrain.parallel.strategy import Strategy
 from pretrain.parallel.tensor import check_tensor_parallel_size, clip_grad_norm_, parallelize_gpt2
 from pretrain.shell import RunShell, command
 from pretrain.summary import LoopResult, replica_checksums
@@ -119,8 +119,8 @@ class WholeModel:
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         return clip_grad_norm_(self.module.parameters(), max_norm)
 
-    def tied_weight_difference(self) -> None:
-        return None
+    def checks(self) -> dict[str, float]:
+        return {}
 
 
 def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torch.optim.Optimizer:
@@ -134,13 +134,11 @@ def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torc
         key = (name in decay_names, isinstance(parameter, DTensor))
         groups.setdefault(key, []).append(parameter)
     optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(training_args)
-    return optimizer_cls(
-        [
-            {"params": params, "weight_decay": training_args.weight_decay if decay else 0.0}
-            for (decay, _), params in groups.items()
-        ],
-        **optimizer_kwargs,
-    )
+    param_groups = [
+        {"params": params, "weight_decay": training_args.weight_decay if decay else 0.0}
+        for (decay, _), params in groups.items()
+    ]
+    return optimizer_cls(param_groups, **optimizer_kwargs)
 
 
 class ModelParallelRun(RunShell):
@@ -156,9 +154,31 @@ class ModelParallelRun(RunShell):
 
     def check_launch(self) -> None:
         (self.parallel,) = self.options
+        strategy, training_args = self.parallel.strategy, self.training_args
+        launched = training_args.world_size  # all joined one training: the shell checked
         if self.args.optimizer.muon:
             raise InputError("--muon trains under pretrain/run.py only: here pass --muon false")
-        check_model_parallel_launch(self.parallel.strategy, self.training_args)
+        if strategy == "single" and launched > 1:
+            raise InputError(
+                f"--strategy single runs in one process, but {launched} were started; run it "
+                "with python -m pretrain.run_model_parallel, or pick --strategy tp or pp"
+            )
+        if strategy != "single" and launched < 2:
+            raise InputError(
+                f"--strategy {strategy} splits the model across processes, but only one was "
+                "started; launch it with torchrun --standalone --nproc_per_node 2 (or more)"
+            )
+        if training_args.gradient_accumulation_steps != 1:
+            raise InputError(
+                f"--gradient_accumulation_steps {training_args.gradient_accumulation_steps} is "
+                "not supported here; the pipeline's microbatches are its accumulation "
+                "(--num_microbatches), so pass --gradient_accumulation_steps 1"
+            )
+        if training_args.fp16 or training_args.bf16:
+            raise InputError(
+                "this loop trains in fp32 so that the strategies compare exactly; drop "
+                "--fp16/--bf16"
+            )
 
     def check_model(self, config: GPT2Config) -> None:
         if self.parallel.strategy == "tp":
@@ -280,8 +300,8 @@ class ModelParallelRun(RunShell):
             if eval_loss is not None:
                 writer.add_scalar(EVAL_LOSS, eval_loss, max_steps)
             writer.close()
-        logged_losses, eval_loss, tied_difference = broadcast_object_list(
-            [self.logged_losses, eval_loss, local.tied_weight_difference()], self.loss_rank
+        logged_losses, eval_loss, checks = broadcast_object_list(
+            [self.logged_losses, eval_loss, local.checks()], self.loss_rank
         )
         return LoopResult(
             global_step=self.last_step,
@@ -289,9 +309,7 @@ class ModelParallelRun(RunShell):
             eval_loss=eval_loss,
             # Sharded parameters differ between processes by design: no replicas to compare.
             replica_checksums=replica_checksums(local.module, self.parallel.strategy != "single"),
-            checks={}
-            if tied_difference is None
-            else {"tied_weight_max_difference": tied_difference},
+            checks=checks,
         )
 
     def close(self, shared: bool) -> None:

@@ -1,10 +1,7 @@
-"""A pretraining run's life, the same for both training loops, around the loop itself: launch
-checks, the run folder held, the plan, the random model, the loop built, trained, final/ saved,
-measured, the summary written, the exit code.
-
-Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel loop
-(pretrain/run_model_parallel.py) subclass `RunShell` and supply its hooks; the time budget is
-timed here or by the `LoopClock` a loop is given, never in a loop.
+"""A pretraining run's life around its training loop, from the launch checks to the exit code,
+the same for Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel loop
+(pretrain/run_model_parallel.py): they subclass `RunShell` and supply its hooks. The time budget
+is timed here or by the `LoopClock` a loop is given, never in a loop.
 """
 
 from __future__ import annotations

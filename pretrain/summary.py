@@ -5,6 +5,7 @@ every key in `run_summary()`, from `RunPlan` (decided before the first step) and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -49,9 +50,8 @@ def run_summary(setup: RunPlan, result: LoopResult) -> dict[str, Any]:
     budget.lap(TIME_SUMMARY)
     wall_seconds = time.time() - budget.launched_at
     schedule = setup.schedule
-    session_tokens = schedule.tokens_seen(result.global_step) - schedule.tokens_seen(
-        result.start_step
-    )
+    tokens_trained = schedule.tokens_seen(result.global_step)
+    session_tokens = tokens_trained - schedule.tokens_seen(result.start_step)
     speed = tokens_per_second(Span.WHOLE_LOOP, session_tokens, result.loop_seconds)
     diverged = result.diverged_at_step is not None
     final_loss, window = final_training_loss(result.logged_losses, setup.final_loss_window)
@@ -60,15 +60,12 @@ def run_summary(setup: RunPlan, result: LoopResult) -> dict[str, Any]:
     passed = final_loss is not None and final_loss < setup.loss_threshold
     peak_memory = max(result.ranks, key=lambda rank: rank["peak_memory_bytes"])
     checksums = result.replica_checksums
+    save_seconds = sum(save["seconds"] for save in result.checkpoint_saves)
     return {
         "summary_version": GPT_SUMMARY_VERSION,
         # Time and speed of this session.
         "wall_seconds": wall_seconds,  # from the process launch, imports included
-        "time_budget": budget.seconds(
-            wall_seconds,
-            result.first_step_seconds,
-            sum(save["seconds"] for save in result.checkpoint_saves),
-        ),
+        "time_budget": budget.seconds(wall_seconds, result.first_step_seconds, save_seconds),
         "checkpoint_saves": result.checkpoint_saves,
         "compile": budget.compile_counts() if setup.speed_settings.get("compile") else None,
         "train_loop_seconds": result.loop_seconds,
@@ -79,7 +76,7 @@ def run_summary(setup: RunPlan, result: LoopResult) -> dict[str, Any]:
         "peak_memory_source": peak_memory["peak_memory_source"],
         # Where the whole run ended, and the verdict.
         "global_step": result.global_step,
-        "tokens_trained": schedule.tokens_seen(result.global_step),
+        "tokens_trained": tokens_trained,
         "token_budget": setup.token_budget,
         "final_loss": final_loss,
         "final_loss_window": window,
@@ -141,8 +138,7 @@ def headline(summary: dict[str, Any]) -> str:
         f"({_rounded(summary.get('bits_per_byte'))} bits/byte), {tokens}, "
         f"{summary['tokens_per_second'] or 0:,.0f} tokens/s"
     )
-    seconds = summary.get("time_budget")
-    if seconds:
+    if seconds := summary.get("time_budget"):
         parts = ", ".join(
             f"{name.replace('_', ' ')} {value:.1f}" for name, value in seconds.items()
         )
@@ -165,12 +161,10 @@ def final_training_loss(logged_losses: list[float], window: int) -> tuple[float 
 
 def perplexity(loss: float | None) -> float | None:
     """exp(loss), None when there is no loss or it overflows."""
-    if loss is None:
-        return None
-    try:
-        return math.exp(loss)
-    except OverflowError:
-        return None
+    if loss is not None:
+        with contextlib.suppress(OverflowError):
+            return math.exp(loss)
+    return None
 
 
 def bits_per_byte(loss: float | None, validation: dict[str, Any]) -> float | None:
@@ -186,16 +180,13 @@ def tokens_per_byte(validation: dict[str, Any]) -> float:
     return validation["num_evaluated_tokens"] / validation["num_evaluated_bytes"]
 
 
-def parameter_checksum(model: torch.nn.Module) -> str:
-    """SHA-256 of every parameter's bytes: equal on all ranks iff the replicas are in sync."""
+def replica_checksums(model: torch.nn.Module, sharded: bool) -> list[str] | None:
+    """Every process's SHA-256 of its parameters (all equal iff the replicas are in sync), on
+    every process; None when they are `sharded`: they differ between processes by design."""
+    if sharded:
+        return None
     digest = hashlib.sha256()
     for name, parameter in model.named_parameters():
         digest.update(name.encode())
         digest.update(parameter.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def replica_checksums(model: torch.nn.Module, sharded: bool) -> list[str] | None:
-    """Every process's parameter checksum, on every process; None when the parameters are
-    `sharded` (they differ between processes by design: no replicas to compare)."""
-    return None if sharded else gather_object([parameter_checksum(model)])
+    return gather_object([digest.hexdigest()])

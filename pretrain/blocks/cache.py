@@ -4,10 +4,9 @@ blocks as Arrow, reused while its inputs are the same and its files whole.
 The cache folder's name is a hash of the corpus fingerprint, the tokenizer files' content, the
 block size, the split and budget settings and `PIPELINE_VERSION`; it is written under a
 temporary name and renamed when complete, so an interrupted build is never reused. Its
-`stats.json` records the counts per split, the dropped remainders, the training stream's
-unigram entropy in nats (the loss of the best model that ignores context) and, last, the size
-and checksum of every other file: each reuse checks them, and a damaged cache is built again.
-One process builds a given cache at a time (a lock beside it); the others wait and reuse it.
+`stats.json` (pretrain/blocks/packing.py), written last, records the size and checksum of every
+other file: each reuse checks them, and a damaged cache is built again. One process builds a
+given cache at a time (a lock beside it); the others wait and reuse it.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +55,7 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
     cache_root = Path(data_args.cache_dir)
     try:  # fail now, not after tokenizing, when the cache cannot be written
         cache_root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=cache_root):
-            pass
+        tempfile.TemporaryFile(dir=cache_root).close()
     except OSError as err:
         raise InputError(
             f"cache folder {cache_root} is not writable ({err.strerror}); "
@@ -124,7 +121,7 @@ def stop_on_termination(signum: int, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-@contextmanager
+@contextlib.contextmanager
 def full_disk_as_run_failed(cache_root: Path) -> Iterator[None]:
     """A disk (or quota, or file size limit) that fills up while the cache is written is one
     line naming the folder and its free space, once the unfinished build is removed."""

@@ -112,8 +112,8 @@ def build_blocks(
     is_validation = choose_validation_documents(
         hashes, document_lengths, data_args.validation_fraction, block_size
     )
-    num_split_tokens = {"validation": int(document_lengths[is_validation].sum())}
-    num_split_tokens["train"] = num_tokens - num_split_tokens["validation"]
+    masks = {"validation": is_validation, "train": ~is_validation}
+    num_split_tokens = {split: int(document_lengths[mask].sum()) for split, mask in masks.items()}
     num_packed = {split: n // block_size for split, n in num_split_tokens.items()}
     selected = {split: np.arange(n) for split, n in num_packed.items()}
     if data_args.max_train_tokens is not None:
@@ -130,14 +130,13 @@ def build_blocks(
         )
     # Which documents each split holds, by keyed hash: what later stages (the probe) read to
     # know which texts pretraining trained on and which it held out.
-    split_hashes = (("validation", is_validation), ("train", ~is_validation))
     write_json_atomic(
         folder / DOCUMENT_SPLIT_FILE,
         {
             "hash": "BLAKE2b, 8 bytes, of each document's UTF-8 text keyed by `key` "
             "(common.corpus.document_hashes), as 16 hex digits",
             "key": split_key,
-            **{split: [f"{value:016x}" for value in hashes[mask]] for split, mask in split_hashes},
+            **{split: [f"{value:016x}" for value in hashes[mask]] for split, mask in masks.items()},
         },
     )
     token_counts = route_tokens(folder, document_ends, is_validation, len(tokenizer))
@@ -156,11 +155,10 @@ def build_blocks(
 
     split_stats = {}
     for split in SPLITS:
-        in_split = is_validation == (split == "validation")
         split_stats[split] = {
-            "num_documents": int(np.count_nonzero(in_split)),
+            "num_documents": int(np.count_nonzero(masks[split])),
             "num_tokens": num_split_tokens[split],
-            "num_bytes": int(document_bytes[in_split].sum()),
+            "num_bytes": int(document_bytes[masks[split]].sum()),
             "num_packed_blocks": num_packed[split],
             "num_dropped_tokens": num_split_tokens[split] - num_packed[split] * block_size,
             "num_blocks": len(selected[split]),
@@ -224,8 +222,7 @@ def route_tokens(
 def choose_validation_documents(
     hashes: np.ndarray, document_lengths: np.ndarray, validation_fraction: float, block_size: int
 ) -> np.ndarray:
-    """Boolean mask of the validation documents (rule 3 of the module docstring), from their
-    keyed hashes."""
+    """Boolean mask of the validation documents, by their keyed hashes (rule 3 above)."""
     order = np.argsort(hashes, kind="stable")
     tokens_so_far = np.cumsum(document_lengths[order])
     num_total = int(tokens_so_far[-1])
@@ -290,10 +287,8 @@ def save_split(
 ) -> Iterator[np.ndarray]:
     """Write the `selected` blocks of a split's stream to `path` as an Arrow stream that
     `Dataset.from_file` reads, one record batch at a time; yield each batch's blocks."""
-    features = datasets.Features(
-        {"input_ids": datasets.List(datasets.Value("int32"), length=block_size)}
-    )
-    schema = features.arrow_schema
+    features = {"input_ids": datasets.List(datasets.Value("int32"), length=block_size)}
+    schema = datasets.Features(features).arrow_schema
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         for start in range(0, len(selected), BATCH_BLOCKS):
             stream = np.memmap(stream_path, np.int32, "r")

@@ -127,17 +127,16 @@ class GPT2Pipeline:
         torch.nn.utils.clip_grads_with_norm_(self.module.parameters(), max_norm, total_norm)
         return total_norm
 
-    def tied_weight_difference(self) -> float | None:
-        """Largest absolute difference between the tied weight's two copies, on the last stage
-        (None on the others)."""
+    def checks(self) -> dict[str, float]:
+        """The largest absolute difference between the tied weight's two copies, on the last
+        stage (nothing on the others)."""
         tied = self.module.tied_weight()
-        if tied is None:
-            return None
-        first_copy = tied.detach().clone()
-        dist.broadcast(first_copy, src=0, group=self.tied_group)
-        if not self.module.is_last:
-            return None
-        return (first_copy - tied.detach()).abs().max().item()
+        if tied is not None:
+            first_copy = tied.detach().clone()
+            dist.broadcast(first_copy, src=0, group=self.tied_group)
+            if self.module.is_last:
+                return {"tied_weight_max_difference": (first_copy - tied).abs().max().item()}
+        return {}
 
 
 def check_pipeline_arguments(

@@ -5,8 +5,7 @@ The accelerate config (passed on as environment variables) or Trainer's `--fsdp`
 accelerate may set up another one without a word (1.15 drops FSDP and DeepSpeed on CPU
 processes: pretrain/library_fixes.py mends it), and some strategies need hardware the processes
 lack (FSDP1 needs GPUs). Such a run stops with one line: `check_request_fits_device` before
-accelerate is set up, `check_strategy` right after; the TP/PP loop's launch is checked by
-`check_model_parallel_launch`.
+accelerate is set up, `check_strategy` right after.
 """
 
 from __future__ import annotations
@@ -35,32 +34,6 @@ def check_processes_joined(training_args: TrainingArguments) -> None:
             f"the launcher started {launched_processes} processes but they did not join one "
             f"training ({training_args.world_size} seen): on CPU pass --use_cpu true (or set "
             "ACCELERATE_USE_CPU=1), else check that every process sees its GPU"
-        )
-
-
-def check_model_parallel_launch(strategy: str, training_args: TrainingArguments) -> None:
-    """Refuse a launch of the TP/PP loop whose processes do not fit its strategy (after
-    `check_processes_joined`), or with options it cannot apply."""
-    launched = training_args.world_size
-    if strategy == "single" and launched > 1:
-        raise InputError(
-            f"--strategy single runs in one process, but {launched} were started; run it "
-            "with python -m pretrain.run_model_parallel, or pick --strategy tp or pp"
-        )
-    if strategy != "single" and launched < 2:
-        raise InputError(
-            f"--strategy {strategy} splits the model across processes, but only one was "
-            "started; launch it with torchrun --standalone --nproc_per_node 2 (or more)"
-        )
-    if training_args.gradient_accumulation_steps != 1:
-        raise InputError(
-            f"--gradient_accumulation_steps {training_args.gradient_accumulation_steps} is not "
-            "supported here; the pipeline's microbatches are its accumulation "
-            "(--num_microbatches), so pass --gradient_accumulation_steps 1"
-        )
-    if training_args.fp16 or training_args.bf16:
-        raise InputError(
-            "this loop trains in fp32 so that the strategies compare exactly; drop --fp16/--bf16"
         )
 
 

@@ -78,10 +78,8 @@ def parallelize_gpt2(model: GPT2LMHeadModel, mesh: DeviceMesh) -> GPT2LMHeadMode
 
 def conv1d_to_linear(conv: Conv1D) -> nn.Linear:
     """An `nn.Linear` computing exactly what `conv` computes."""
-    in_features, out_features = conv.weight.shape  # Conv1D stores W as (in, out)
-    linear = nn.Linear(
-        in_features, out_features, device=conv.weight.device, dtype=conv.weight.dtype
-    )
+    # Conv1D stores W as (in, out): nn.Linear's (in_features, out_features)
+    linear = nn.Linear(*conv.weight.shape, device=conv.weight.device, dtype=conv.weight.dtype)
     with torch.no_grad():
         linear.weight.copy_(conv.weight.T)  # (out, in)
         linear.bias.copy_(conv.bias)
