@@ -159,9 +159,11 @@ def settings_cells(config: dict) -> list[str]:
     if schedule.startswith("constant"):
         schedule = "constant"
     elif schedule == "warmup_stable_decay":
+        decay = kwargs["num_decay_steps"]  # a run's summary holds the steps of a share
+        decay = f"{decay:.0%} of the steps" if 0 < decay < 1 else f"{decay} steps"
         schedule = (
             f"constant, then {kwargs['decay_type']} to {kwargs['min_lr_ratio']:.0%} over the "
-            f"last {kwargs['num_decay_steps']} steps"
+            f"last {decay}"
         )
     else:
         schedule = f"{schedule.removesuffix('_with_min_lr')} to {kwargs.get('min_lr_rate', 0):.0%}"

@@ -52,6 +52,8 @@ ROWS: dict[str, list[str]] = {
     "eager": ["--torch_compile", "false"],
     # AdamW for every parameter (bench/recipes/adamw.yaml): the course recipe before Muon.
     "adamw": recipe_flags("adamw"),
+    # The course's Muon recipe until 2026-12-04 (bench/recipes/muon_constant.yaml): rate held.
+    "muon_constant": recipe_flags("muon_constant"),
     # The course config's earlier checkpoints: every 50 of its 184 steps (0.27 of them, so that
     # the CPU scales save as often), and at the end; it now writes none.
     "checkpoints": ["--save_strategy", "steps", "--save_steps", "0.27"],

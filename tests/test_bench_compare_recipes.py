@@ -78,11 +78,14 @@ def test_settings_cells_say_each_schedule():
     expected = ["1.5e-3", "5%", "cosine to 10%", "0.95", "0.1", "1", "AdamW"]
     assert cells("course_before") == expected
     assert cells("tiny", "--warmup_steps", "0.05")[1:3] == ["0%", "constant"]  # ignored
-    assert cells("course")[1:3] == ["5%", "constant"]
+    assert cells("muon_constant")[1:3] == ["5%", "constant"]
+    assert cells("course")[2] == "constant, then linear to 5% over the last 65% of the steps"
     assert cells("wsd")[2] == "constant, then 1-sqrt to 0% over the last 37 steps"
     assert cells("run_clm")[2] == "linear to 0%"
     muon = ["--muon", "true", "--muon_learning_rate", "0.01", "--embedding_learning_rate", "3e-3"]
-    assert cells("course", *muon)[-1] == "Muon 1.0e-2, momentum 0.95, decay 0; embeddings 3.0e-3"
+    assert cells("muon_constant", *muon)[-1] == (
+        "Muon 1.0e-2, momentum 0.95, decay 0; embeddings 3.0e-3"
+    )
 
 
 def test_largest_loss_rise_is_the_climb_above_the_running_minimum():
