@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from pretrain_runs import (
+    TINY_CONFIG,
     logged_losses,
     read_summary,
     run_script_command,
@@ -44,6 +46,13 @@ NUM_BLOCKS = 160  # 40 steps of 4 blocks
 NUM_STEPS = NUM_BLOCKS // 4
 SAVE_STEPS = 4
 POLL_SECONDS = 0.02
+COURSE_CONFIG = yaml.safe_load(TINY_CONFIG.with_name("gpt2_117m.yaml").read_text())
+# The course config's optimiser: Muon and AdamW, and a warmdown given as a share of the steps.
+COURSE_OPTIMISER = {
+    name: json.dumps(value) if isinstance(value, dict) else value
+    for name, value in COURSE_CONFIG.items()
+    if name.startswith(("muon", "embedding_", "adam_", "lr_scheduler", "warmup"))
+}
 
 
 @pytest.fixture
@@ -223,12 +232,13 @@ def test_resume_after_sigkill_continues_from_the_last_complete_checkpoint(data_p
 
 
 @pytest.mark.multiprocess
-def test_a_muon_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_loss(
+def test_a_run_with_the_course_optimiser_killed_after_a_checkpoint_resumes_to_the_same_loss(
     data_paths, tmp_path
 ):
-    """The optimizer's whole state (Muon's momentum, AdamW's moments, every group's schedule)
-    is in the checkpoint: the resumed run ends exactly where the uninterrupted one does."""
-    options = {"muon": "true", "save_steps": SAVE_STEPS, "save_total_limit": NUM_STEPS}
+    """The optimizer's whole state (Muon's momentum, AdamW's moments, every group's place in
+    the warmup-stable-decay schedule) is in the checkpoint: the resumed run ends exactly where
+    the uninterrupted one does."""
+    options = {**COURSE_OPTIMISER, "save_steps": SAVE_STEPS, "save_total_limit": NUM_STEPS}
     uninterrupted = tmp_path / "uninterrupted"
     argv = tiny_run_argv(**data_paths, output_dir=uninterrupted, num_blocks=NUM_BLOCKS, **options)
     assert main(argv) == 0
