@@ -290,11 +290,11 @@ def resolve_decay_steps(training_args: TrainingArguments) -> None:
     decay, steps = kwargs.get("num_decay_steps"), training_args.max_steps
     if decay is None:
         return
-    if 0 < decay < 1:
-        share, decay = decay, math.ceil(decay * steps)
+    warmup = training_args.get_warmup_steps(steps)
+    if 0 < decay < 1:  # rounded up, but never into the warmup (a run of a few steps)
+        share, decay = decay, min(math.ceil(decay * steps), steps - warmup)
         training_args.lr_scheduler_kwargs = {**kwargs, "num_decay_steps": decay}
         logger.info("num_decay_steps %s: the last %d of %d steps", share, decay, steps)
-    warmup = training_args.get_warmup_steps(steps)
     if warmup + decay > steps:
         raise InputError(
             f"--lr_scheduler_kwargs num_decay_steps {kwargs['num_decay_steps']} and {warmup} "

@@ -320,6 +320,20 @@ def test_a_decay_given_as_a_share_of_the_steps_ends_the_run_s_schedule(tmp_path)
     assert rates[-1] == pytest.approx(0.05, abs=0.01)
 
 
+@pytest.mark.parametrize("steps", [1, 2, 3, 7])
+def test_a_decay_share_fits_a_run_of_a_few_steps(tmp_path, steps):
+    """A check run of the course config (--max_steps 2) is not refused for its warmdown: the
+    share rounds up, but not into the warmup."""
+    args = TrainingArguments(
+        tmp_path, max_steps=steps, warmup_steps=0.05, lr_scheduler_type="warmup_stable_decay",
+        lr_scheduler_kwargs={"num_decay_steps": 0.65},
+    )  # fmt: skip
+    resolve_decay_steps(args)
+    decay = args.lr_scheduler_kwargs["num_decay_steps"]
+    assert decay >= 0 and args.get_warmup_steps(steps) + decay <= steps
+    assert decay == math.ceil(0.65 * steps) or decay == steps - args.get_warmup_steps(steps)
+
+
 def test_missing_tokenizer_is_one_line_and_exit_2(data_paths, tmp_path, capsys):
     paths = {**data_paths, "tokenizer_dir": tmp_path / "no_tokenizer"}
     assert main(tiny_run_argv(**paths, output_dir=tmp_path / "run")) == 2
