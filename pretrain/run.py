@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
@@ -28,7 +27,6 @@ from pretrain.parallel.strategy import (
     check_strategy,
     requested_strategy,
 )
-from pretrain.run_folder import save_final_model
 from pretrain.shell import RunShell, command
 from pretrain.summary import LoopResult, replica_checksums
 
@@ -75,8 +73,8 @@ class TrainerRun(RunShell):
         resume = self.plan.resume_checkpoint
         self.trainer.train(resume_from_checkpoint=str(resume) if resume else None)
 
-    def save_final_model(self, final_dir: Path) -> None:
-        save_final_model(self.trainer, final_dir)
+    def write_final_model(self, directory: str) -> None:
+        self.trainer.save_model(directory)
 
     def measure(self, evaluate: bool) -> LoopResult:
         trainer = self.trainer

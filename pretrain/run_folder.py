@@ -8,13 +8,14 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch.distributed as dist
+from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
-from transformers import Trainer, TrainingArguments
+from transformers import TrainingArguments
 
 from common.cli import InputError, RunFailed, exception_chain
 from common.files import LOCK_FILE, LockHeld, exclusive_lock, read_manifest, replace_dir
@@ -135,18 +136,19 @@ def save_failure_cause(
     return f"{type(chain[0]).__name__}: {' '.join(str(chain[0]).split())[:200]}", False
 
 
-def save_final_model(trainer: Trainer, final_dir: Path) -> None:
-    """Model (safetensors) + tokenizer into `final_dir`, sealed by a manifest, staged and then
-    renamed: whole or absent, never half there."""
+def save_final_model(write_model: Callable[[str], None], final_dir: Path, is_main: bool) -> None:
+    """What `write_model` writes into a folder (the model in safetensors and its tokenizer) into
+    `final_dir`, sealed by a manifest, staged and then renamed: whole or absent, never half
+    there."""
     staging_dir = staging_dir_of(final_dir)
-    is_main = trainer.is_world_process_zero()
     if is_main and staging_dir.exists():
         shutil.rmtree(staging_dir)
-    trainer.accelerator.wait_for_everyone()
+    processes = PartialState()  # the launch's processes, the ones Trainer's accelerator waits on
+    processes.wait_for_everyone()
     # Every rank (FSDP gathers the shards here); a failure leaves the staging folder to
     # `failures_in_one_line`, which removes it.
-    trainer.save_model(str(staging_dir))
-    trainer.accelerator.wait_for_everyone()
+    write_model(str(staging_dir))
+    processes.wait_for_everyone()
     if is_main:
         seal_checkpoint(staging_dir, {})
         replace_dir(staging_dir, final_dir)

@@ -53,7 +53,7 @@ from pretrain.metrics import LoopClock, TimeBudget, flops_per_token, job_peak_fl
 from pretrain.model import build_model
 from pretrain.parallel.strategy import Strategy, check_processes_joined
 from pretrain.plan import plan_run
-from pretrain.run_folder import failures_in_one_line, hold_run_folder
+from pretrain.run_folder import failures_in_one_line, hold_run_folder, save_final_model
 from pretrain.summary import LoopResult, headline, run_summary
 
 logger = logging.getLogger(__name__)
@@ -108,8 +108,8 @@ class RunShell:
         """One pass over the planned blocks; stop early where `self.diverged` says so."""
         raise NotImplementedError
 
-    def save_final_model(self, final_dir: Path) -> None:
-        """Save the trained model whole into `final_dir` (Trainer's loop)."""
+    def write_final_model(self, directory: str) -> None:
+        """Write the trained model whole into `directory`, on every process (Trainer's loop)."""
 
     def measure(self, evaluate: bool) -> LoopResult:
         """The steps, losses and checks only the loop knows; the validation loss if `evaluate`."""
@@ -190,7 +190,7 @@ class RunShell:
                 return 128 + int(stop.received)
             finite = self.divergence.diverged_at_step is None
             if finite and self.trainer_loop:
-                self.save_final_model(self.output_dir / FINAL_MODEL_DIR)
+                save_final_model(self.write_final_model, self.output_dir / FINAL_MODEL_DIR, is_main)
                 budget.lap(TIME_FINAL_SAVE)
             result = self.measure(evaluate=finite)
             if finite:
