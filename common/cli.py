@@ -8,6 +8,9 @@ stderr and exit code 2 instead of a traceback; a mistyped flag or a bad value in
 with the closest option suggested instead of the whole usage printed. A run that fails after
 good input (diverged, disk full) raises `RunFailed`: one line and exit code 3.
 
+Every number of every command is finite, of its option's type, null only where the option takes
+None and in the range its dataclass declares (`check_ranges`), or refused naming the option.
+
 `--help` explains our options, a titled group per dataclass, and of a library's (over a hundred
 in TrainingArguments) names those in `brief_help_fields`; `--help-all` explains them all.
 """
@@ -20,15 +23,16 @@ import difflib
 import functools
 import json
 import logging
+import math
 import shutil
 import signal
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, get_args, get_type_hints
 
 import yaml
 
@@ -167,6 +171,14 @@ def command_line_parser(dataclass_types: Sequence[type], **options: Any) -> HfAr
                 for field in dataclasses.fields(dtype)
                 if field.init
             }
+            # The options a config file may set to null: typed Optional, or None by default.
+            self.nullable = {
+                field.name
+                for dtype in dataclass_types
+                for hints in [get_type_hints(dtype)]
+                for field in dataclasses.fields(dtype)
+                if field.default is None or type(None) in get_args(hints[field.name])
+            }
             super().__init__(
                 dataclass_types, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
             )
@@ -258,6 +270,12 @@ def command_line_parser(dataclass_types: Sequence[type], **options: Any) -> HfAr
                     raise
             if unknown:
                 raise InputError(f"{self.describe_unknown_arguments(unknown)}; see --help")
+            # argparse's float() takes "nan" and "inf", a YAML file .nan and .inf: a NaN rate
+            # trains at nothing or diverges, found only after the run.
+            for name, value in vars(namespace).items():
+                for item in value if isinstance(value, list) else [value]:
+                    if isinstance(item, float) and not math.isfinite(item):
+                        raise InputError(f"--{name} is {item}; give a finite number")
             return namespace, unknown
 
         def respelled(self, argument: str) -> str:
@@ -303,20 +321,54 @@ def command_line_parser(dataclass_types: Sequence[type], **options: Any) -> HfAr
     return CommandLineParser(list(dataclass_types), **options)
 
 
-def _type_mismatch(action: argparse.Action, value: Any) -> str | None:
-    """What an option of a number or a bool takes, when a config file's value is another type
-    (argparse converts and checks only strings: a list learning rate would reach the run)."""
+def _type_mismatch(action: argparse.Action, value: Any, nullable: bool) -> str | None:
+    """What an option takes, when a config file's value is another type (argparse converts and
+    checks only strings: a list learning rate would reach the run), or null where the option
+    takes no None (a null block size fails far from its cause)."""
+    from transformers.hf_argparser import string_to_bool  # parse_args imported transformers
+
+    boolean = action.type is string_to_bool
+    takes, types = {int: ("an integer", int), float: ("a number", int | float)}.get(
+        action.type, ("true or false", bool) if boolean else ("a value", object)
+    )
     for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
-        number = isinstance(item, int | float) and not isinstance(item, bool)
-        if item is None or isinstance(item, str):
-            continue
-        if action.type is int and not (number and isinstance(item, int)):
-            return "an integer"
-        if action.type is float and not number:
-            return "a number"
-        if getattr(action.type, "__name__", "") == "string_to_bool" and not isinstance(item, bool):
-            return "true or false"
+        if item is None and not nullable:
+            return takes
+        # A string is argparse's to convert; True is an int to Python, not to a number option.
+        number_as_bool = isinstance(item, bool) and action.type in (int, float)
+        if item is not None and (not isinstance(item, str | types) or number_as_bool):
+            return takes
     return None
+
+
+def check_ranges(
+    values: Mapping[str, Any],
+    ranges: Mapping[str, tuple[Callable[[float], bool], str]],
+    name: str = "--{}",
+) -> None:
+    """Refuse the first of `values` that is not a finite number in its range (whether it fits,
+    and how to say it), in one line naming its option: `name` with the key."""
+    for key, (fits, rule) in ranges.items():
+        value = values.get(key)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is not None and not (number and math.isfinite(value) and fits(value)):
+            raise InputError(f"{name.format(key)} is {value!r}; give {rule}")
+
+
+# The numbers of transformers' TrainingArguments that our commands set and that it leaves
+# unchecked: a zero rate or a beta of 1 trains without a word, a zero batch fails in the loader.
+TRAINING_RANGES = {
+    "learning_rate": (lambda rate: rate > 0, "a positive number"),
+    "num_train_epochs": (lambda epochs: epochs > 0, "a positive number"),
+    "weight_decay": (lambda decay: decay >= 0, "a number >= 0"),
+    "adam_beta1": (lambda beta: 0 <= beta < 1, "a number in [0, 1)"),
+    "adam_beta2": (lambda beta: 0 <= beta < 1, "a number in [0, 1)"),
+    "adam_epsilon": (lambda epsilon: epsilon > 0, "a positive number"),
+    "max_grad_norm": (lambda norm: norm >= 0, "a number >= 0 (0: no clipping)"),
+    "per_device_train_batch_size": (lambda size: size >= 1, "at least 1"),
+    "per_device_eval_batch_size": (lambda size: size >= 1, "at least 1"),
+    "gradient_accumulation_steps": (lambda steps: steps >= 1, "at least 1"),
+}
 
 
 def parse_args(
@@ -363,9 +415,10 @@ def apply_config_defaults(
             raise InputError(f"unknown option '{key}' in config file {source}{hint}")
         for action in actions_by_dest[key]:
             action.required = False
-            if expected := _type_mismatch(action, value):
+            if expected := _type_mismatch(action, value, key in parser.nullable):
+                shown = "null" if value is None else repr(value)
                 raise InputError(
-                    f"option '{key}' in config file {source} is {value!r}; it takes {expected}"
+                    f"option '{key}' in config file {source} is {shown}; it takes {expected}"
                 )
             # argparse checks choices for command-line values only, never for defaults.
             if action.choices is not None and value is not None:

@@ -8,6 +8,8 @@ from typing import Literal
 
 from transformers.hf_argparser import HfArg
 
+from common.cli import check_ranges
+
 
 @dataclass
 class MnistArguments:
@@ -85,14 +87,15 @@ class MnistArguments:
     )
 
     def __post_init__(self) -> None:
-        rules = {
-            "epochs": (self.epochs >= 1, "at least 1"),
-            "batch_size": (self.batch_size >= 1, "at least 1"),
-            "learning_rate": (self.learning_rate > 0, "positive"),
-            "val_fraction": (0 <= self.val_fraction < 1, "in [0, 1)"),
-            "log_every_n_steps": (self.log_every_n_steps >= 1, "at least 1"),
-            "max_steps": (self.max_steps > 0 or self.max_steps == -1, "positive or -1"),
-        }
-        for name, (valid, rule) in rules.items():
-            if not valid:
-                raise ValueError(f"--{name} must be {rule}, got {getattr(self, name)}")
+        check_ranges(
+            vars(self),
+            {
+                "epochs": (lambda epochs: epochs >= 1, "at least 1"),
+                "batch_size": (lambda size: size >= 1, "at least 1"),
+                "learning_rate": (lambda rate: rate > 0, "a positive number"),
+                "momentum": (lambda momentum: 0 <= momentum < 1, "a number in [0, 1)"),
+                "val_fraction": (lambda share: 0 <= share < 1, "a number in [0, 1)"),
+                "log_every_n_steps": (lambda steps: steps >= 1, "at least 1"),
+                "max_steps": (lambda steps: steps > 0 or steps == -1, "a positive number or -1"),
+            },
+        )

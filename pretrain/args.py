@@ -25,7 +25,7 @@ from transformers.hf_argparser import HfArg
 from transformers.integrations import get_available_reporting_integrations
 from transformers.utils.import_utils import enable_tf32
 
-from common.cli import InputError, parse_args
+from common.cli import TRAINING_RANGES, InputError, check_ranges, parse_args
 from common.corpus import CorpusArguments
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.args import DataArguments
@@ -149,6 +149,18 @@ class GenerateArguments:
             raise InputError(f"--temperature {self.temperature} must be positive")
 
 
+# The numbers of --lr_scheduler_kwargs that our configs give their schedules, which transformers
+# leaves unchecked (a NaN decay trains at rate 0); num_decay_steps may be a share of the steps.
+SCHEDULE_RANGES = {
+    "num_decay_steps": (
+        lambda steps: 0 < steps < 1 or (steps >= 0 and steps == int(steps)),
+        "a whole number of steps or a share of the steps in (0, 1), e.g. 0.65",
+    ),
+    "min_lr_ratio": (lambda ratio: 0 <= ratio <= 1, "a number in [0, 1], e.g. 0.05"),
+    "min_lr_rate": (lambda ratio: 0 <= ratio <= 1, "a number in [0, 1], e.g. 0.1"),
+}
+
+
 @dataclass
 class PretrainTrainingArguments(TrainingArguments):
     """transformers' `TrainingArguments` with what every pretraining run needs by default; the
@@ -194,6 +206,8 @@ class PretrainTrainingArguments(TrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_ranges(vars(self), TRAINING_RANGES)
+        check_ranges(self.lr_scheduler_kwargs or {}, SCHEDULE_RANGES, "lr_scheduler_kwargs.{}")
         if "tensorboard" not in self.report_to:
             self.report_to = [*self.report_to, "tensorboard"]
         # Refused now, not as a traceback when Trainer starts: what needs the network or a

@@ -255,11 +255,12 @@ class RunShell:
             write_json_atomic(self.output_dir / GPT_SUMMARY_FILE, summary)
             print(f"{headline(summary)}; run folder {self.output_dir}")
         if summary["verdict"] == "diverged":
+            muon = " or --muon_learning_rate" if self.args.optimizer.muon else ""
             raise RunFailed(
                 f"training diverged at step {summary['diverged_at_step']} "
                 f"({summary['divergence']}) and stopped; {self.output_dir}/{GPT_SUMMARY_FILE} "
-                "records the run as diverged, with no final/ model; lower --learning_rate or "
-                "lengthen --warmup_steps, and start a new run"
+                f"records the run as diverged, with no final/ model; lower --learning_rate{muon} "
+                "or lengthen --warmup_steps, and start a new run"
             )
 
     def nothing_to_resume(self, finished: dict[str, Any], is_main: bool) -> int:

@@ -12,7 +12,7 @@ from transformers import TrainingArguments
 from transformers.hf_argparser import HfArg
 from transformers.trainer_utils import SaveStrategy
 
-from common.cli import InputError
+from common.cli import TRAINING_RANGES, InputError, check_ranges
 from common.corpus import CorpusArguments
 from common.run_contract import PROBE_METHODS
 from probe.features import MEAN, Pooling
@@ -158,6 +158,7 @@ class ProbeTrainingArguments(TrainingArguments):
         if self.bf16 is None:
             self.bf16 = not self.use_cpu and cuda.is_available() and cuda.is_bf16_supported()
         super().__post_init__()
+        check_ranges(vars(self), TRAINING_RANGES)
 
 
 class ProbeCommand(NamedTuple):

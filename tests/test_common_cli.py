@@ -157,6 +157,8 @@ class TypedArguments:
         ("batch_size: 4.5", "'batch_size' in config file .* is 4.5; it takes an integer"),
         ("batch_size: true", "'batch_size' in config file .* is True; it takes an integer"),
         ("shuffle: 1", "'shuffle' in config file .* is 1; it takes true or false"),
+        ("batch_size: null", "'batch_size' in config file .* is null; it takes an integer"),
+        ("learning_rate: .nan", "^--learning_rate is nan; give a finite number$"),
         ("batch_size: 4\nbatch_size: 8", "YAML/JSON: the key 'batch_size' is given twice"),
     ],
 )  # fmt: skip
@@ -381,6 +383,44 @@ def test_pretrain_invalid_value_is_one_line(argv, message, capsys):
 
     assert main(argv) == 2
     assert re.fullmatch(f"error: {message}.*; see --help\n", capsys.readouterr().err)
+
+
+PRETRAIN_REQUIRED = ["--corpus", "c.txt", "--tokenizer_dir", "tok"]
+WSD = [*PRETRAIN_REQUIRED, "--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs"]
+DECAY_RULE = "give a whole number of steps or a share of the steps in (0, 1), e.g. 0.65"
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "message"),
+    [
+        ("pretrain.run", [*PRETRAIN_REQUIRED, "--muon_learning_rate", "nan"],
+         "--muon_learning_rate is nan; give a finite number"),
+        ("pretrain.run", [*PRETRAIN_REQUIRED, "--learning_rate=-inf"],
+         "--learning_rate is -inf; give a finite number"),
+        ("pretrain.run", [*PRETRAIN_REQUIRED, "--adam_beta2", "1"],
+         "--adam_beta2 is 1.0; give a number in [0, 1)"),
+        ("pretrain.run", [*WSD, '{"num_decay_steps": NaN}'],
+         f"lr_scheduler_kwargs.num_decay_steps is nan; {DECAY_RULE}"),
+        ("pretrain.run", [*WSD, '{"num_decay_steps": "abc"}'],
+         f"lr_scheduler_kwargs.num_decay_steps is 'abc'; {DECAY_RULE}"),
+        ("pretrain.run", [*WSD, '{"num_decay_steps": 1.5}'],
+         f"lr_scheduler_kwargs.num_decay_steps is 1.5; {DECAY_RULE}"),
+        ("pretrain.run", [*WSD, '{"num_decay_steps": -0.1}'],
+         f"lr_scheduler_kwargs.num_decay_steps is -0.1; {DECAY_RULE}"),
+        ("pretrain.run", [*WSD, '{"min_lr_ratio": 1.5}'],
+         "lr_scheduler_kwargs.min_lr_ratio is 1.5; give a number in [0, 1], e.g. 0.05"),
+        ("probe.run", ["--run_dir", "r", "--corpus", "c", "--weight_decay", "-1"],
+         "--weight_decay is -1.0; give a number >= 0"),
+        ("mnist.train", ["--momentum", "1.5"], "--momentum is 1.5; give a number in [0, 1)"),
+        ("pretrain.generate", ["--run_dir", "r", "--temperature", "inf"],
+         "--temperature is inf; give a finite number"),
+    ],
+)  # fmt: skip
+def test_a_number_not_finite_or_out_of_its_range_is_refused_naming_its_option(
+    module, argv, message, capsys
+):
+    assert importlib.import_module(module).main(argv) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
 
 
 def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
