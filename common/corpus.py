@@ -277,7 +277,9 @@ def _sources_for_path(path: Path, args: CorpusArguments) -> list[TextSource]:
         )
         raise InputError(f"corpus path {path} {problem}") from None
     if path.is_dir():
-        return [file_source(_find_wos_text_in_folder(path, args.subset))]
+        return _sources_for_path(_find_wos_text_in_folder(path, args.subset), args)
+    if not path.is_file():  # a FIFO or a device: reading it could block forever
+        raise InputError(f"corpus path {path} is not a regular file; pass a file, folder or zip")
     if zipfile.is_zipfile(path):
         return [_zip_source(path, args.subset)]
     with path.open("rb") as handle:

@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from accelerate.utils import DistributedType, patch_environment
 from packaging.specifiers import SpecifierSet
 
 from common.cli import RunFailed, exception_chain
-from common.files import exclusive_lock, file_digests, sealed_folder_damage, write_json_atomic
+from common.files import damage_in, exclusive_lock, file_digests, read_manifest, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +137,9 @@ FULL_DISK_LOGGERS = ("torch._functorch._aot_autograd.graph_compile", "torch._ind
 def use_compile_cache(folder: Path, explicit: bool) -> Path | None:
     """Keep torch.compile's code (inductor's and Triton's caches) in `folder` instead of /tmp,
     which every node and job of a cluster starts without; a variable the user set (not the one
-    inductor sets when torch is imported) wins over a default `folder`. One that no longer
-    matches its manifest is moved aside; one not writable leaves torch's default (None)."""
+    inductor sets when torch is imported) wins over a default `folder`. Torch imports that
+    code as it finds it, so a folder `compile_cache_distrust` names a reason for is moved
+    aside; one that cannot be used leaves a new private folder (None: nothing to reuse)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     library_default = os.path.abspath(default_cache_dir())
@@ -149,26 +151,52 @@ def use_compile_cache(folder: Path, explicit: bool) -> Path | None:
             os.environ[variable] = str(path.resolve())
     folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         with exclusive_lock(folder.parent / f".{folder.name}.lock", wait=True):
-            if (damage := sealed_folder_damage(folder, COMPILE_CACHE_MANIFEST)) is not None:
-                aside = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+            if (distrust := compile_cache_distrust(folder)) is not None:
+                aside = folder.with_name(folder.name + time.strftime(".untrusted-%Y%m%d-%H%M%S"))
                 folder.rename(aside)
-                folder.mkdir()
+                folder.mkdir(mode=0o700)
                 logger.warning(
-                    "compile cache %s is damaged (%s): moved to %s; compiling again",
-                    folder, damage, aside.name,
+                    "compile cache %s is not used (%s): moved to %s; compiling again",
+                    folder, distrust, aside.name,
                 )  # fmt: skip
         with tempfile.TemporaryFile(dir=folder):
             return folder
     except OSError as err:
+        # Not torch's default: a fixed name in /tmp that another user of the node can create.
+        private = tempfile.mkdtemp(prefix="torchinductor-")
         logger.warning(
-            "compile cache %s cannot be written (%s): compiling with torch's default, %s",
-            folder, err.strerror, library_default,
+            "compile cache %s cannot be used (%s): compiling in a new private folder, %s",
+            folder, err.strerror, private,
         )  # fmt: skip
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = library_default
-        os.environ.pop("TRITON_CACHE_DIR", None)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = private
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(private, "triton")
         return None
+
+
+def compile_cache_distrust(folder: Path) -> str | None:
+    """Why torch must not import the code in `folder`, or None: every entry is the user's own
+    and writable by the user alone (as ssh treats keys: nobody else can plant code), and its
+    files are exactly those its manifest sealed, unchanged (an empty folder holds no code)."""
+    entries = [Path(root) / name for root, dirs, files in os.walk(folder) for name in dirs + files]
+    for path in (folder, *entries):
+        info = path.lstat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o022 or stat.S_ISLNK(info.st_mode):
+            return f"{path} is not writable by you alone"
+    files = {
+        path.relative_to(folder).as_posix()
+        for path in entries
+        if path.is_file() and path.name != COMPILE_CACHE_MANIFEST
+    }
+    files = {name for name in files if not name.startswith("locks/")}  # inductor's, transient
+    if not files:
+        return None
+    if (manifest := read_manifest(folder, COMPILE_CACHE_MANIFEST)) is None:
+        return f"no readable {COMPILE_CACHE_MANIFEST}: files nobody sealed"
+    if unsealed := sorted(files - set(manifest["files"])):
+        return f"{unsealed[0]} was not sealed"
+    return damage_in(folder, manifest["files"])
 
 
 @contextmanager
@@ -198,9 +226,13 @@ def compiled_once(cache: Path | None = None) -> Iterator[None]:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             yield
         # Inductor writes each file by a rename (whole or absent); its lock files come and go.
-        # Unsealed (another run renaming a file meanwhile, a full disk), it is just not checked.
+        # Unsealed (another run renaming a file meanwhile, a full disk), it is not used again.
         with contextlib.suppress(OSError):
             if cache is not None:
+                # The user's alone to write, whatever the umask.
+                for root, _, files in os.walk(cache):
+                    for path in [Path(root), *(Path(root) / name for name in files)]:
+                        path.chmod(path.stat().st_mode & ~0o022)
                 files = file_digests(cache, skip=(COMPILE_CACHE_MANIFEST,)).items()
                 sealed = {name: entry for name, entry in files if not name.startswith("locks/")}
                 write_json_atomic(cache / COMPILE_CACHE_MANIFEST, {"files": sealed})

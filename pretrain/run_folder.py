@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import resource
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -98,8 +99,7 @@ def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool)
                 f"{' '.join(str(peer_failure).split())[:160]}){kept}; the launcher's message "
                 f"names it; continue with --resume_from_checkpoint {RESUME_AUTO}"
             ) from err
-        cause, out_of_space = save_failure_cause(chain, output_dir, checkpoint_bytes)
-        fix = "free space" if out_of_space else "mend that"
+        cause, fix = save_failure_cause(chain, output_dir, checkpoint_bytes)
         raise RunFailed(
             f"cannot save in {output_dir}: {cause}{kept}; {fix} (or pass another "
             f"--output_dir) and continue with --resume_from_checkpoint {RESUME_AUTO}"
@@ -120,20 +120,26 @@ def is_peer_failure(err: BaseException) -> bool:
 
 def save_failure_cause(
     chain: list[BaseException], output_dir: Path, checkpoint_bytes: int
-) -> tuple[str, bool]:
-    """What made a save fail, in words, and whether it is a lack of space."""
+) -> tuple[str, str]:
+    """What made a save fail, in words, and what to do. torch's writer names no cause ("unexpected
+    pos"): a file-size limit or a disk short of a checkpoint is taken for one."""
     for exception in chain:
         if isinstance(exception, OSError) and exception.errno:
             where = f" ({exception.filename})" if exception.filename else ""
-            out_of_space = exception.errno in (errno.ENOSPC, errno.EDQUOT)
-            return os.strerror(exception.errno).lower() + where, out_of_space
+            short = exception.errno in (errno.ENOSPC, errno.EDQUOT)
+            return os.strerror(exception.errno).lower() + where, FREE if short else "mend that"
+    size = f"a checkpoint takes about {checkpoint_bytes / 2**20:,.1f} MiB"
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and limit < checkpoint_bytes:
+        cause = f"this process may write files of at most {limit / 2**20:,.1f} MiB (ulimit -f)"
+        return f"{os.strerror(errno.EFBIG).lower()}: {cause}, {size}", "raise that limit"
     free = shutil.disk_usage(output_dir).free
     if free < checkpoint_bytes:
-        return (
-            f"{os.strerror(errno.ENOSPC).lower()} ({free / 2**20:,.1f} MiB free, a checkpoint "
-            f"takes about {checkpoint_bytes / 2**20:,.1f} MiB)"
-        ), True
-    return f"{type(chain[0]).__name__}: {' '.join(str(chain[0]).split())[:200]}", False
+        return f"{os.strerror(errno.ENOSPC).lower()} ({free / 2**20:,.1f} MiB free, {size})", FREE
+    return f"{type(chain[0]).__name__}: {' '.join(str(chain[0]).split())[:200]}", "mend that"
+
+
+FREE = "free space"
 
 
 def save_final_model(write_model: Callable[[str], None], final_dir: Path, is_main: bool) -> None:

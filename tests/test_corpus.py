@@ -3,6 +3,7 @@ clearly."""
 
 import json
 import logging
+import os
 import shutil
 import zipfile
 from pathlib import Path
@@ -128,7 +129,12 @@ def test_bad_inputs_raise_input_error(tmp_path):
         archive.writestr("WOS46985/Y.txt", "1\n")
     write_bytes(tmp_path / "empty_folder" / "readme.md", b"nothing here")
     blank = write_bytes(tmp_path / "blank.txt", b"\n   \n\r\n")
+    os.mkfifo(tmp_path / "pipe.txt")  # read, it would block until a writer came
+    (tmp_path / "wos" / "WOS46985").mkdir(parents=True)
+    os.mkfifo(tmp_path / "wos" / "WOS46985" / "X.txt")
     cases = [
+        (tmp_path / "pipe.txt", "pipe.txt is not a regular file"),
+        (tmp_path / "wos", r"X\.txt is not a regular file"),
         (tmp_path / "missing.txt", "does not exist"),
         (tmp_path / ("x" * 300), r"cannot be read \(File name too long\)"),
         (no_text_zip, "holds no X.txt"),
