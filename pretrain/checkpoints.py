@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +22,6 @@ import torch.distributed as dist
 from safetensors import safe_open
 from transformers import (
     GPT2Config,
-    GPT2LMHeadModel,
     TrainerCallback,
     TrainerControl,
     TrainerState,
@@ -36,7 +36,6 @@ from common.files import (
     damage_in,
     file_digests,
     read_manifest,
-    sealed_folder_damage,
     write_json_atomic,
 )
 from common.run_contract import (
@@ -79,39 +78,38 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return [Path(path) for path in reversed(sort_checkpoints(str(output_dir)))]
 
 
-def checkpoint_damage(checkpoint_dir: Path, adopt: bool = False) -> str | None:
-    """Why a checkpoint cannot be resumed from, or None when it is whole: every file matches its
-    manifest, or without one, what Trainer resumes from loads (then `adopt` writes a manifest)."""
+def checkpoint_damage(checkpoint_dir: Path) -> str | None:
+    """Why a checkpoint cannot be resumed from, or None when it is whole: its manifest reads,
+    every file matches it, and what Trainer resumes from loads as Trainer loads it. A folder
+    without a manifest is never resumed from: its files cannot be checked (a save cut short, or
+    written by another tool), and a loss that looks right does not prove its weights whole."""
     manifest = read_manifest(checkpoint_dir)
-    if manifest is not None:
-        if TRAINER_STATE_NAME not in manifest["files"]:  # e.g. a run's final/ model
-            return f"no {TRAINER_STATE_NAME}: a saved model, not a checkpoint to resume"
-        return damage_in(checkpoint_dir, manifest["files"])
-    # A manifest that is there but unreadable is damage, not a checkpoint to adopt.
-    damage = sealed_folder_damage(checkpoint_dir) or unsealed_checkpoint_damage(checkpoint_dir)
-    if damage is None and adopt:
-        logger.warning("adopting %s, written without a manifest: it loads", checkpoint_dir.name)
-        seal_checkpoint(checkpoint_dir, {"run_identity": None, "adopted": True})
-    return damage
+    if manifest is None:
+        if (checkpoint_dir / CHECKPOINT_MANIFEST_FILE).exists():
+            return f"its {CHECKPOINT_MANIFEST_FILE} is unreadable"
+        return f"no {CHECKPOINT_MANIFEST_FILE} (a save cut short, or not written by this toolkit)"
+    if TRAINER_STATE_NAME not in manifest["files"]:  # e.g. a run's final/ model
+        return f"no {TRAINER_STATE_NAME}: a saved model, not a checkpoint to resume"
+    if not isinstance(manifest.get("run_identity"), dict):  # sealed unchecked by older releases
+        return "adopted without a manifest by an older release: its files were never checked"
+    return damage_in(checkpoint_dir, manifest["files"]) or load_damage(checkpoint_dir)
 
 
-def unsealed_checkpoint_damage(checkpoint_dir: Path) -> str | None:
-    """Why a checkpoint without a manifest does not load (a save cut short), or None."""
-    weights = ("model*.safetensors", "pytorch_model*.bin")
-    if not any(any(checkpoint_dir.glob(pattern)) for pattern in weights):
-        return "no model weights and no manifest (the save was cut short)"
+def load_damage(checkpoint_dir: Path) -> str | None:
+    """Why a file Trainer resumes from does not load as Trainer loads it (a manifest matching a
+    planted file proves nothing), or None: tensors only, so no pickle runs as code."""
+    path = checkpoint_dir / TRAINER_STATE_NAME
     try:
-        TrainerState.load_from_json(str(checkpoint_dir / TRAINER_STATE_NAME))
+        TrainerState.load_from_json(str(path))
         for path in sorted(checkpoint_dir.iterdir()):
             if path.suffix == ".safetensors":
                 with safe_open(str(path), "pt") as tensors:
                     tensors.keys()
             elif path.suffix in (".bin", ".pt", ".pth") and path.name != TRAINING_ARGS_NAME:
-                # As Trainer loads them to resume (never its pickled arguments): no code runs.
-                with safe_globals():
+                with safe_globals():  # Trainer never loads its pickled arguments
                     torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:  # noqa: BLE001 (each loader has its own errors for a bad file)
-        return f"no manifest and it does not load ({type(err).__name__}: {str(err)[:120]})"
+        return f"{path.name} does not load ({type(err).__name__}: {str(err)[:120]})"
     return None
 
 
@@ -167,11 +165,15 @@ def identity_differences(
         text = json.dumps(value) if isinstance(value, dict | list) else str(value)
         return text[:12] if len(text) == 64 else text  # a SHA-256: its first 12 hex digits
 
-    return [
-        f"{name}: {shown(current.get(name))} now, {shown(saved.get(name))} {where}"
-        for name in sorted(set(saved) | set(current))
-        if saved.get(name) != current.get(name)
-    ]
+    def differences(saved: dict, current: dict, prefix: str = "") -> Iterator[str]:
+        for name in sorted(set(saved) | set(current)):
+            was, now = saved.get(name), current.get(name)
+            if isinstance(was, dict) and isinstance(now, dict):  # e.g. Muon's: each setting
+                yield from differences(was, now, f"{prefix}{name}.")
+            elif was != now:
+                yield f"{prefix}{name}: {shown(now)} now, {shown(was)} {where}"
+
+    return list(differences(saved, current))
 
 
 def resolve_resume_checkpoint(
@@ -195,7 +197,7 @@ def resolve_resume_checkpoint(
         return None, []
     if requested != RESUME_AUTO:
         path = Path(requested)
-        damage = checkpoint_damage(path, adopt=is_main) if path.is_dir() else "it does not exist"
+        damage = checkpoint_damage(path) if path.is_dir() else "it does not exist"
         if damage is not None:
             raise InputError(
                 f"checkpoint {path} cannot be resumed from: {damage}; pass a complete "
@@ -204,7 +206,7 @@ def resolve_resume_checkpoint(
         return path, []
     skipped = []
     for checkpoint in checkpoints:
-        damage = checkpoint_damage(checkpoint, adopt=is_main)
+        damage = checkpoint_damage(checkpoint)
         if damage is None:
             logger.info("resuming from %s", checkpoint)
             return checkpoint, skipped
@@ -227,43 +229,12 @@ def check_same_run(
     manifest = read_manifest(checkpoint)
     if is_main and manifest.get("save_seconds") is not None:
         warn_if_longer_than_grace(manifest["save_seconds"], checkpoint)
-    saved = manifest.get("run_identity")
-    if saved is None:  # adopted: check_adopted_checkpoint says what could be checked
-        return
-    if differences := identity_differences(saved, identity, tokenizer_dir):
+    if differences := identity_differences(manifest["run_identity"], identity, tokenizer_dir):
         raise InputError(
             f"checkpoint {checkpoint} belongs to another run ({'; '.join(differences)}); "
             "resume it with the settings it was saved with, or start a new run in another "
             "--output_dir"
         )
-
-
-ADOPTED_LOSS_TOLERANCE = 0.5  # nats: a logging window's mean and a held-out batch differ
-
-
-@torch.no_grad()
-def check_adopted_checkpoint(checkpoint: Path, validation: Any) -> dict[str, Any] | None:
-    """For a checkpoint adopted without a manifest (its files never sealed, so damage to them
-    cannot be known), the one check possible, logged and returned for the summary: its
-    weights' loss on 4 validation blocks against its last logged loss. None when sealed."""
-    if not read_manifest(checkpoint).get("adopted"):
-        return None
-    state = TrainerState.load_from_json(str(checkpoint / TRAINER_STATE_NAME))
-    logged = next((e["loss"] for e in reversed(state.log_history) if "loss" in e), None)
-    model = GPT2LMHeadModel.from_pretrained(
-        str(checkpoint), local_files_only=True, trust_remote_code=False
-    )
-    batch = validation[:4]["input_ids"]
-    loss = model.eval()(input_ids=batch, labels=batch).loss.item()
-    consistent = logged is not None and abs(loss - logged) <= ADOPTED_LOSS_TOLERANCE
-    logger.warning(
-        "resuming from an unverified checkpoint: %s was adopted without a manifest; its weights' "
-        "loss on %d validation blocks is %.3f, its last logged loss %s: %s (tolerance %g nats)",
-        checkpoint.name, len(batch), loss, logged,
-        "consistent" if consistent else "INCONSISTENT, it may be damaged", ADOPTED_LOSS_TOLERANCE,
-    )  # fmt: skip
-    return {"checkpoint": checkpoint.name, "validation_batch_loss": loss, "logged_loss": logged,
-            "tolerance": ADOPTED_LOSS_TOLERANCE, "consistent": consistent}  # fmt: skip
 
 
 def warn_if_longer_than_grace(save_seconds: float, checkpoint_dir: Path) -> None:
@@ -372,29 +343,64 @@ class StopRequested(BaseException):
 
 def leave_stops_to_trainer(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
     """A DataLoader worker leaves SIGTERM and SIGUSR1 sent to its process group (scancel) to the
-    trainer: torch's handler would kill it on SIGTERM, and SIGUSR1 run the trainer's in it."""
+    trainer: torch's handler would kill it on SIGTERM, and SIGUSR1 run the trainer's in it. It
+    was forked with them blocked (`StopsHeldFromWorkers`): one that came meanwhile is dropped."""
     for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
+
+
+class StopsHeldFromWorkers:
+    """While the training loop runs, SIGTERM and SIGUSR1 are blocked in the main thread, so
+    that a DataLoader worker forked from it inherits them blocked: between its fork and its
+    init function (`leave_stops_to_trainer`) torch's own handler would let SIGTERM kill it, and
+    its rank fail the run. This process still takes them, through a thread that leaves them
+    unblocked (Python then runs the handler in the main thread)."""
+
+    def __init__(self) -> None:
+        self.receiver: threading.Thread | None = None
+        self.done = threading.Event()
+
+    def hold(self) -> None:
+        if threading.current_thread() is threading.main_thread() and self.receiver is None:
+            self.receiver = threading.Thread(target=self.done.wait, daemon=True)
+            self.receiver.start()
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    def release(self) -> None:
+        if self.receiver is not None:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            self.done.set()
+            self.receiver.join()
+            self.receiver = None
 
 
 class CheckpointOnSignalCallback(TrainerCallback):
     """SIGTERM and SIGUSR1 (Slurm's warning, `scancel`, preemption) while `caught()` lasts:
     before the loop they stop the run at once (`StopRequested`); inside it, a checkpoint at the
-    end of the step, then the run stops; after its last step the run finishes. Every rank must
-    stop at the same step, so they agree by an all-reduce every `--logging_steps` steps."""
+    next of Trainer's logging steps, then the run stops; after its last step the run finishes.
+    Only a logging step: every rank stops at the same one (they agree by an all-reduce), and the
+    checkpoint's log holds every step's loss, so a resumed run logs the uninterrupted run's
+    windows (a window split by the stop made the final loss differ, 7.209 for 7.213)."""
 
     received: signal.Signals | None = None
     stopped_at_step: int | None = None
     _loop = "before"  # "before", "running" or "done"
+
+    def __init__(self) -> None:
+        self.workers = StopsHeldFromWorkers()
 
     @contextmanager
     def caught(self) -> Iterator[None]:
         with signals_handled(STOP_SIGNALS, self._handle) as handled:
             if not handled:
                 logger.warning("not in the main thread: no checkpoint on SIGTERM/SIGUSR1")
-            yield
+            try:
+                yield
+            finally:
+                self.workers.release()
 
     def _handle(self, signum: int, frame) -> None:
         received = signal.Signals(signum)
@@ -404,7 +410,7 @@ class CheckpointOnSignalCallback(TrainerCallback):
             self.received = received
             ending = "the last step is done; finishing the run"
             if self._loop == "running":
-                ending = "saving a checkpoint at the end of this step"
+                ending = "saving a checkpoint at the next logging step"
             logger.warning("received %s: %s", received.name, ending)
 
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
@@ -412,11 +418,12 @@ class CheckpointOnSignalCallback(TrainerCallback):
         # The workers start later, with the loop's first batch; accelerate's loader wraps torch's.
         loader = getattr(kwargs["train_dataloader"], "base_dataloader", kwargs["train_dataloader"])
         loader.worker_init_fn = functools.partial(leave_stops_to_trainer, loader.worker_init_fn)
+        self.workers.hold()
 
     def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
+        if state.global_step % max(state.logging_steps, 1) != 0:  # Trainer's interval
+            return
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            if state.global_step % max(state.logging_steps, 1) != 0:  # Trainer's interval
-                return
             signum = torch.tensor([int(self.received or 0)], device=args.device)
             dist.all_reduce(signum, op=dist.ReduceOp.MAX)
             if not signum.item():
@@ -429,3 +436,4 @@ class CheckpointOnSignalCallback(TrainerCallback):
 
     def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         self._loop = "done"
+        self.workers.release()

@@ -28,7 +28,6 @@ from pretrain.blocks.args import DataArguments
 from pretrain.blocks.cache import load_blocks, prepare_blocks, read_stats
 from pretrain.checkpoints import (
     RESUME_AUTO,
-    check_adopted_checkpoint,
     check_same_run,
     checkpoint_global_step,
     identity_differences,
@@ -59,7 +58,6 @@ class RunPlan:
     run_identity: dict[str, Any] | None = None  # what its checkpoints record (Trainer's loop)
     skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)  # with why
     finished: dict[str, Any] | None = None  # the summary, when it finished in the folder already
-    unverified_checkpoint: dict[str, Any] | None = None  # check_adopted_checkpoint's record
     # Described once the model and the parallelism exist (RunShell.describe).
     config: dict[str, Any] = field(default_factory=dict)
     num_parameters: int = 0
@@ -89,7 +87,7 @@ def plan_run(
     check_budget_fills_a_batch(data_args, batch_blocks)
     output_dir = Path(training_args.output_dir)
     resume_checkpoint, skipped = None, []
-    # A run that finished in the folder is left as it is: no checkpoint judged, adopted, moved.
+    # A run that finished in the folder is left as it is: no checkpoint judged or moved.
     finished_here = (
         training_args.resume_from_checkpoint == RESUME_AUTO
         and (output_dir / GPT_SUMMARY_FILE).is_file()
@@ -113,7 +111,7 @@ def plan_run(
     )
     cache_dir, blocks = prepared["cache_dir"], prepared["blocks"]
     data = {"cache_dir": str(cache_dir), **read_stats(cache_dir)}
-    identity = finished = unverified = None
+    identity = finished = None
     if trainer_loop:
         identity = run_identity(training_args, data, model_config, schedule)
         identity |= args.optimizer.identity()
@@ -122,8 +120,6 @@ def plan_run(
         if resume_checkpoint is not None:
             is_main = training_args.process_index == 0
             check_same_run(resume_checkpoint, identity, data_args.tokenizer_dir, is_main)
-            if is_main:
-                unverified = check_adopted_checkpoint(resume_checkpoint, blocks["validation"])
     return RunPlan(
         tokenizer,
         model_config,
@@ -139,7 +135,6 @@ def plan_run(
         run_identity=identity,
         skipped_checkpoints=skipped,
         finished=finished,
-        unverified_checkpoint=unverified,
     )
 
 

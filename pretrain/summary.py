@@ -95,7 +95,6 @@ def run_summary(setup: RunPlan, result: LoopResult) -> dict[str, Any]:
         "global_batch_tokens": schedule.batch_tokens,
         "resumed_from_step": result.start_step,
         "skipped_checkpoints": setup.skipped_checkpoints,
-        "unverified_checkpoint": setup.unverified_checkpoint,
         "run_identity": setup.run_identity,
         "data": setup.data,
         # What was trained, where, and with which settings.
@@ -143,8 +142,6 @@ def headline(summary: dict[str, Any]) -> str:
             f"{name.replace('_', ' ')} {value:.1f}" for name, value in seconds.items()
         )
         line += f"; {summary['wall_seconds']:.1f} s: {parts}"
-    if unverified := summary.get("unverified_checkpoint"):
-        line += f"; resumed from an unverified checkpoint ({unverified['checkpoint']})"
     return line
 
 

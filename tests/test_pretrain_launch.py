@@ -5,6 +5,7 @@ command (the README's and the sbatch scripts') with the real fault."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -141,6 +142,41 @@ def test_a_stop_signal_to_the_group_leaves_the_dataloader_workers_running(
     assert checkpoint_global_step(newest_whole_checkpoint(run_dir)) > step_before
     assert "Traceback" not in stderr and not error_lines(stderr), stderr[-3000:]
     assert stderr.count(f"received {stop_signal.name}") == 1  # the trainer's, not the workers'
+
+
+def signal_workers_as_they_start(launcher: subprocess.Popen, timeout: float = 300) -> None:
+    """SIGTERM to each DataLoader worker the moment it is seen (its rank's child), again and
+    again until every rank has two; then to every process of the launch, as scancel sends it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and launcher.poll() is None:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            ranks = psutil.Process(launcher.pid).children()
+            workers = [worker for rank in ranks for worker in rank.children()]
+            for worker in workers:
+                os.kill(worker.pid, signal.SIGTERM)
+            if len(ranks) == 2 and len(workers) == 4:
+                os.killpg(launcher.pid, signal.SIGTERM)
+                return
+    launcher.kill()
+    pytest.fail(f"no DataLoader workers after {timeout} s:\n{launcher.communicate()[1][-3000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_stop_signal_as_the_dataloader_workers_start_saves_the_first_step(data_paths, tmp_path):
+    """SIGTERM to the DataLoader workers as they are forked, then to every process of the
+    launch (scancel, preemption): before a worker's init function ignored it, torch's handler
+    let it kill the worker (or the trainer's ran in it), its rank failed, the other waited out
+    the grace, and the run ended 3 with no checkpoint (3 tries of 3 before the fix)."""
+    run_dir = tmp_path / "run"
+    launcher = launch(data_paths, run_dir, 2, "--dataloader_num_workers", "2")
+    signal_workers_as_they_start(launcher)
+    _, stderr = launcher.communicate(timeout=600)
+
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert checkpoint_global_step(newest_whole_checkpoint(run_dir)) >= 1
+    assert "Traceback" not in stderr and not error_lines(stderr), stderr[-3000:]
+    assert stderr.count("received SIGTERM") == 2, stderr[-3000:]  # the ranks', no worker's
 
 
 @pytest.mark.slow
