@@ -94,6 +94,12 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.muon.step()
 
 
+def decay_parameter_names(model: nn.Module) -> set[str]:
+    """Trainer's weight-decay rule (every parameter but biases and norms), for the loops that
+    build their optimizer themselves: the method reads nothing of its instance, so none is made."""
+    return set(Trainer.get_decay_parameter_names(None, model))
+
+
 def muon_optimizer(
     model: PreTrainedModel,
     training_args: TrainingArguments,
@@ -123,7 +129,7 @@ def muon_optimizer(
     rate, decay_rate = muon_args.muon_learning_rate, muon_args.muon_weight_decay
     muon_groups = [{"params": params, "lr": rate * factor, "weight_decay": decay_rate / factor}
                    for factor, params in sorted(by_factor.items())]  # fmt: skip
-    decay = set(Trainer.get_decay_parameter_names(None, model))  # Trainer's rule; no instance
+    decay = decay_parameter_names(model)
     rest = [(n, p) for n, p in model.named_parameters() if p not in matrices and p.requires_grad]
     embedding_lr = muon_args.embedding_learning_rate
     embedding_lr = training_args.learning_rate if embedding_lr is None else embedding_lr

@@ -54,6 +54,7 @@ from transformers.hf_argparser import HfArg
 
 from common.cli import InputError
 from common.run_contract import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, TRAIN_LOSS
+from pretrain.optim import decay_parameter_names
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
     build_gpt2_pipeline,
@@ -127,8 +128,7 @@ def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torc
     """The optimizer Trainer would build for `module` (--optim, weight decay on all but biases
     and layer norms), its groups also split into sharded (DTensor) and whole parameters, which
     fused and foreach kernels cannot take in one call."""
-    # Trainer's own rule; the method does not use the Trainer instance.
-    decay_names = set(Trainer.get_decay_parameter_names(None, module))
+    decay_names = decay_parameter_names(module)
     groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
     for name, parameter in module.named_parameters():
         key = (name in decay_names, isinstance(parameter, DTensor))
