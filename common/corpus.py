@@ -40,6 +40,7 @@ import numpy as np
 from transformers.hf_argparser import HfArg
 
 from common.cli import InputError
+from common.files import from_here
 
 logger = logging.getLogger(__name__)
 
@@ -268,14 +269,20 @@ def resolve_sources(args: CorpusArguments) -> list[TextSource]:
     return sources
 
 
+MISSING = (
+    "does not exist; pass --corpus PATH (Web of Science: WebOfScience.zip from Mendeley Data, "
+    "https://data.mendeley.com/datasets/9rw3vkcfy4/6, into data/)"
+)
+
+
 def _sources_for_path(path: Path, args: CorpusArguments) -> list[TextSource]:
     try:
         path.stat()
     except OSError as err:
-        problem = {errno.ELOOP: "is a symlink loop", errno.ENOENT: "does not exist"}.get(
+        problem = {errno.ELOOP: "is a symlink loop", errno.ENOENT: MISSING}.get(
             err.errno, f"cannot be read ({err.strerror})"
         )
-        raise InputError(f"corpus path {path} {problem}") from None
+        raise InputError(f"corpus path {from_here(path)} {problem}") from None
     if path.is_dir():
         return _sources_for_path(_find_wos_text_in_folder(path, args.subset), args)
     if not path.is_file():  # a FIFO or a device: reading it could block forever

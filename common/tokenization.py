@@ -10,6 +10,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from common.cli import InputError
+from common.files import from_here
 
 # Longer documents are tokenized in pieces (`cut_into_pieces`): the tokenizer needs ~100 bytes
 # a character of the text it is given at once (a 30 MB document: several GB).
@@ -23,7 +24,7 @@ def check_tokenizer_dir(tokenizer_dir: str | Path) -> Path:
     path = Path(tokenizer_dir)
     if not path.is_dir():
         raise InputError(
-            f"tokenizer folder {path} does not exist; train one with train-tokenizer "
+            f"tokenizer folder {from_here(path)} does not exist; train one with train-tokenizer "
             "or pass a saved Hugging Face tokenizer folder as --tokenizer_dir"
         )
     return path
