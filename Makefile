@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+DEV_INSTALLED := $(VENV)/.installed-dev
 # `make install VENV_OPTIONS=--system-site-packages`: the venv sees the machine's own packages,
 # and keeps its torch (and transformers...) when requirements.txt's ranges accept them.
 VENV_OPTIONS ?=
@@ -12,24 +13,31 @@ LOWEST_VENV ?= .venv-lowest
 # Where the demo writes its runs and report.
 DEMO_DIR ?= runs/demo
 
-.PHONY: install demo test test-fast test-lowest lint format notebook clean
+.PHONY: install install-dev demo test test-fast test-lowest lint format notebook clean
 
-$(INSTALLED): requirements.txt requirements-dev.txt requirements-deepspeed.txt pyproject.toml
+# What training needs (most of its size is torch's CUDA libraries); the test tools come apart.
+$(INSTALLED): requirements.txt requirements-deepspeed.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_OPTIONS) $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77.0.3,<82"  # what every torch in range takes
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-build-isolation -r requirements-deepspeed.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(INSTALLED)
 
-lint: install
+$(DEV_INSTALLED): $(INSTALLED) requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+install-dev: $(DEV_INSTALLED)
+
+lint: install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-format: install
+format: install-dev
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
@@ -45,7 +53,7 @@ test-fast: lint
 test-lowest:
 	test -x $(LOWEST_VENV)/bin/python || $(PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -m pip install --quiet -r requirements-lowest.txt
-	$(MAKE) install VENV=$(LOWEST_VENV)
+	$(MAKE) install-dev VENV=$(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -c "import sys; from importlib.metadata import version; \
 		pins = [line.strip().split('==') for line in open('requirements-lowest.txt') if '==' in line]; \
 		changed = [f'{name} {version(name)}' for name, pin in pins if version(name) != pin]; \
@@ -69,7 +77,7 @@ demo: install
 
 # Run notebooks/lenet5.ipynb as its test does (one epoch) and save it with its outputs: commit
 # the result. tests/test_notebook.py fails while the saved outputs are older than the code.
-notebook: install
+notebook: install-dev
 	UPDATE_NOTEBOOK=1 $(VENV)/bin/pytest -q tests/test_notebook.py::test_notebook_runs_on_embedded_digits
 
 clean:
