@@ -1,8 +1,9 @@
 """A PNG of TensorBoard's scalars page as users see it: TensorBoard on localhost, headless Chromium.
 
-TensorBoard is started from this Python environment on a free localhost port, polled until
-its scalars plugin lists tags (so the page has data to draw), photographed by Chromium's own
-`--screenshot`, and stopped again whatever happens.
+TensorBoard is served from this process (`tensorboard.program.TensorBoard`) on a localhost port
+the OS picks, having read the event files before it answers; its scalars plugin must list tags
+(so the page has data to draw); Chromium's own `--screenshot` takes the picture; the server is
+shut down again whatever happens.
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
+
+from tensorboard import program
 
 from common.cli import InputError
 
@@ -31,8 +30,6 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 # (unfiltered, only the first two tag groups are open and `train/` comes last).
 SCALARS_PAGE = "#scalars&tagFilter=.*"
 WINDOW_SIZE = (1400, 1600)
-# Seconds TensorBoard may take to read the event files and answer with tags.
-TENSORBOARD_READY_TIMEOUT = 120.0
 CHROMIUM_TIMEOUT = 120.0
 # Page time Chromium grants the page's scripts (fetching runs, tags, data, drawing the charts)
 # before it takes the picture; virtual time runs faster than the clock when the page is idle.
@@ -63,14 +60,6 @@ def find_chromium(explicit: str | None = None) -> str:
     )
 
 
-def free_port() -> int:
-    """A localhost TCP port nobody listens on right now (accelerate has this helper, but the
-    report imports neither torch nor what needs it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def logdir_arguments(runs: dict[str, Path]) -> list[str]:
     """`--logdir` for one run; `--logdir_spec name:path,...` names several runs in the page."""
     if len(runs) == 1:
@@ -84,51 +73,46 @@ def logdir_arguments(runs: dict[str, Path]) -> list[str]:
 def screenshot_tensorboard(runs: dict[str, Path], png_path: Path, chromium: str) -> None:
     """Photograph the scalars page of TensorBoard serving `runs` (name -> run folder) with the
     `chromium` executable (`find_chromium`)."""
-    with tempfile.TemporaryDirectory(prefix="tensorboard-screenshot-") as scratch:
-        scratch_dir = Path(scratch)
-        port = free_port()
-        base_url = f"http://127.0.0.1:{port}"
-        tensorboard_log = scratch_dir / "tensorboard.log"
-        # --load_fast false: the Python reader, no separate data-server process to stop.
-        command = [
-            sys.executable, "-m", "tensorboard.main", *logdir_arguments(runs),
-            "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false",
-        ]  # fmt: skip
-        logger.info("starting TensorBoard on %s", base_url)
-        with open(tensorboard_log, "wb") as log_handle:
-            tensorboard = subprocess.Popen(
-                command, stdout=log_handle, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        try:
-            wait_for_scalars(base_url, tensorboard, tensorboard_log)
-            take_screenshot(chromium, f"{base_url}/{SCALARS_PAGE}", png_path, scratch_dir)
-        finally:
-            stop_process_group(tensorboard)
+    servers: list[program.WerkzeugServer] = []  # launch() returns only the URL
+
+    def make_server(app, flags) -> program.WerkzeugServer:
+        servers.append(program.WerkzeugServer(app, flags))
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+        return servers[-1]
+
+    board = program.TensorBoard(server_class=make_server)
+    # --load_fast false: the Python reader, no data-server process; --reload_task blocking with
+    # --reload_interval 0: the event files are read once, before launch() returns.
+    board.configure(argv=[
+        None, *logdir_arguments(runs), "--host", "127.0.0.1", "--port", "0",
+        "--load_fast", "false", "--reload_interval", "0", "--reload_task", "blocking",
+    ])  # fmt: skip
+    try:
+        base_url = board.launch().rstrip("/")
+    except program.TensorBoardServerException as err:
+        raise ScreenshotError(f"TensorBoard did not start: {err.msg}") from None
+    logger.info("TensorBoard serving on %s", base_url)
+    try:
+        check_scalars(base_url)
+        with tempfile.TemporaryDirectory(prefix="tensorboard-screenshot-") as scratch:
+            take_screenshot(chromium, f"{base_url}/{SCALARS_PAGE}", png_path, Path(scratch))
+    finally:
+        servers[0].shutdown()
+        servers[0].server_close()
     logger.info("TensorBoard screenshot written to %s", png_path)
 
 
-def wait_for_scalars(base_url: str, tensorboard: subprocess.Popen, log_path: Path) -> None:
-    """Return once TensorBoard lists at least one scalar tag; ScreenshotError if it never does."""
+def check_scalars(base_url: str) -> None:
+    """ScreenshotError unless TensorBoard lists at least one scalar tag."""
     # Localhost only: bypass any proxy set in the environment.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    deadline = time.monotonic() + TENSORBOARD_READY_TIMEOUT
-    while time.monotonic() < deadline:
-        if tensorboard.poll() is not None:
-            raise ScreenshotError(
-                f"TensorBoard exited with code {tensorboard.returncode}: {output_tail(log_path)}"
-            )
-        try:
-            with opener.open(f"{base_url}/data/plugin/scalars/tags", timeout=5) as response:
-                tags_by_run = json.load(response)
-            if any(tags_by_run.values()):
-                return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
-            pass  # not listening or not loaded yet
-        time.sleep(0.5)
-    raise ScreenshotError(
-        f"TensorBoard listed no scalars within {TENSORBOARD_READY_TIMEOUT:.0f} s: "
-        f"{output_tail(log_path)}"
-    )
+    try:
+        with opener.open(f"{base_url}/data/plugin/scalars/tags", timeout=30) as response:
+            tags_by_run = json.load(response)
+    except (OSError, ValueError) as err:  # URLError, timeouts; JSONDecodeError
+        raise ScreenshotError(f"TensorBoard did not answer with its scalar tags: {err}") from None
+    if not any(tags_by_run.values()):
+        raise ScreenshotError(f"TensorBoard lists no scalars for the runs: {tags_by_run}")
 
 
 def take_screenshot(chromium_path: str, url: str, png_path: Path, scratch_dir: Path) -> None:
@@ -155,20 +139,9 @@ def take_screenshot(chromium_path: str, url: str, png_path: Path, scratch_dir: P
     except subprocess.TimeoutExpired:
         raise ScreenshotError(f"Chromium took longer than {CHROMIUM_TIMEOUT:.0f} s") from None
     finally:
-        stop_process_group(browser)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(browser.pid, signal.SIGKILL)  # and the helpers that may outlive it
+        browser.wait()
     if browser.returncode != 0 or not png_path.is_file() or png_path.stat().st_size == 0:
         tail = output.decode(errors="replace")[-2000:]
         raise ScreenshotError(f"Chromium wrote no screenshot (exit {browser.returncode}): {tail}")
-
-
-def stop_process_group(process: subprocess.Popen) -> None:
-    """End a process started with its own session, and everything it started: helpers it
-    forked may outlive it. Neither TensorBoard nor Chromium has anything to save."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
-def output_tail(log_path: Path, num_chars: int = 2000) -> str:
-    """The end of a child's captured output, for an error message."""
-    return log_path.read_text(encoding="utf-8", errors="replace")[-num_chars:].strip()
