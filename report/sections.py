@@ -100,10 +100,17 @@ def text_lines(heading: str, text: str) -> list[str]:
 
 
 def nvidia_smi_lines(runs: Sequence[RunRecord]) -> list[str]:
+    """nvidia-smi's view of each run halfway; a run without a GPU says so where it would be."""
     lines: list[str] = []
     for run in runs:
         if run.nvidia_smi:
             lines += text_lines(f"### nvidia-smi during `{run.name}`", run.nvidia_smi)
+        elif contract.GPU_UTILIZATION not in run.scalars:
+            lines += [
+                f"GPU of `{run.name}`: no GPU in this run (on a GPU, its utilisation, memory and "
+                "power over time and nvidia-smi's view halfway through training appear here).",
+                "",
+            ]
     return lines
 
 
