@@ -1,25 +1,9 @@
-"""Command-line plumbing shared by every entry point.
-
-Every entry point is `main(argv: list[str] | None = None) -> int`, decorated with
-`entry_point`, and parses its options with `parse_args`: dataclasses read by
-`HfArgumentParser`, with `--config file.yaml` (or .json) supplying defaults that
-command-line flags override. Bad input raises `InputError`, which becomes one line on
-stderr and exit code 2 instead of a traceback; a mistyped flag or a bad value included,
-with the closest option suggested instead of the whole usage printed. A run that fails after
-good input (diverged, disk full) raises `RunFailed`: one line and exit code 3.
-
-Every number of every command is finite, of its option's type, null only where the option takes
-None and in the range its dataclass declares (`check_ranges`), or refused naming the option.
-
-`--help` explains our options, a titled group per dataclass, and of a library's (over a hundred
-in TrainingArguments) names those in `brief_help_fields`; `--help-all` explains them all.
-"""
-
-from __future__ import annotations
+"""Command-line plumbing: each entry point is `main(argv)`, decorated with `entry_point`, reading
+its options with `parse_args` (flags over `--config FILE`). Bad input raises `InputError`, a run
+failing after good input `RunFailed`: one line on stderr, exit 2 or 3. Every number is finite, of
+its option's type, null only where it takes None, in its range (`check_ranges`), or refused."""
 
 import argparse
-import dataclasses
-import difflib
 import functools
 import json
 import logging
@@ -31,18 +15,17 @@ import textwrap
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import fields, is_dataclass
+from difflib import get_close_matches
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, get_args, get_type_hints
+from typing import Any, NoReturn, get_args, get_type_hints
 
 import yaml
-
-if TYPE_CHECKING:
-    from transformers import HfArgumentParser
+from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
 
 EXIT_BAD_INPUT = 2
-# A run that started from good input but did not produce its result: it diverged, or the disk
-# filled up while saving. Distinct from a crash (1) and from bad input (2), so that a job script
-# tells them apart (a Slurm job does not requeue such a run).
+# A run that failed after good input (diverged, disk full): for job scripts, not 1 nor 2.
 EXIT_RUN_FAILED = 3
 
 
@@ -51,25 +34,20 @@ class InputError(Exception):
 
 
 class RunFailed(Exception):
-    """A run that could not finish as asked: what happened, what was kept, what to do, in one
-    line."""
+    """A run that could not finish as asked: what happened, what was kept, what to do."""
 
 
 def setup_logging(level: int = logging.INFO) -> None:
     """Log to stderr with timestamps; only entry points call this."""
-    # basicConfig adds a stderr handler only to a root logger without one, and only then sets
-    # the level.
-    logging.basicConfig(
+    logging.basicConfig(  # sets the level only when it adds the handler: the root had none
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
     logging.getLogger().setLevel(level)
-    # TensorBoard's event reader logs each folder it walks at INFO: noise in our logs.
-    logging.getLogger("tensorboard").setLevel(max(level, logging.WARNING))
+    logging.getLogger("tensorboard").setLevel(max(level, logging.WARNING))  # a line per folder
 
 
 def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[..., int]:
-    """Wrap `main(argv)`: set up logging, turn `InputError` into one line and exit code 2, and
-    `RunFailed` into one line and exit code 3."""
+    """Wrap `main(argv)`: set up logging; `InputError` is one line and exit 2, `RunFailed` 3."""
 
     @functools.wraps(main)
     def wrapper(argv: list[str] | None = None) -> int:
@@ -77,8 +55,7 @@ def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[...,
         try:
             return main(argv) or 0
         except (InputError, RunFailed) as err:
-            # One line whatever the message: a library's multi-line text included. One write
-            # with its newline: print's two writes interleave with other processes' lines.
+            # One line whatever the message, in one write (print's two interleave with others').
             sys.stderr.write("error: " + " ".join(str(err).split()) + "\n")
             sys.stderr.flush()
             return EXIT_BAD_INPUT if isinstance(err, InputError) else EXIT_RUN_FAILED
@@ -98,8 +75,7 @@ def exception_chain(err: BaseException) -> list[BaseException]:
 
 @contextmanager
 def signals_handled(signals: tuple[signal.Signals, ...], handler: Callable) -> Iterator[bool]:
-    """While the block runs, `handler` handles `signals`; yields whether it does (only the
-    main thread can install a handler: elsewhere nothing changes)."""
+    """While the block runs, `handler` handles `signals`; yields whether it does (main thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield False
         return
@@ -116,20 +92,17 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"config file {path} does not exist; pass an existing YAML or JSON file")
-    text = path.read_text(encoding="utf-8")
     try:
         if path.suffix == ".json":
-            data = json.loads(text, object_pairs_hook=_unique_keys)
+            data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
         else:
-            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506
     except (yaml.YAMLError, ValueError) as err:
-        first_line = str(err).splitlines()[0]
-        raise InputError(f"config file {path} is not valid YAML/JSON: {first_line}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
+        line = str(err).splitlines()[0]
+        raise InputError(f"config file {path} is not valid YAML/JSON: {line}") from None
+    if not isinstance(data, dict | None):
         raise InputError(f"config file {path} must hold a mapping of option names to values")
-    return data
+    return data or {}
 
 
 def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
@@ -146,208 +119,119 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def command_line_parser(dataclass_types: Sequence[type], **options: Any) -> HfArgumentParser:
-    """An `HfArgumentParser` for `dataclass_types` whose every error is one `InputError`.
+class CommandLineParser(HfArgumentParser):
+    """TRL's `TrlParser` shape: `--config FILE` under the flags, `InputError`s, a group each."""
 
-    A mistyped flag names the closest option and a bad value names its flag, instead of the
-    whole usage (over a hundred lines for TrainingArguments). `options` are those of
-    `parse_args`. Parse with `parse_args` (a namespace) or `parse_dataclasses`.
-    """
-    # Imported here: importing transformers takes a second that only parsing needs.
-    from transformers import HfArgumentParser
+    def __init__(self, dataclass_types: Sequence[type], **kwargs: Any) -> None:
+        # Every argument; those --help-all adds, with their help; each dataclass's; --a-b: --a_b.
+        self.actions, self.hidden, self.groups, self.spellings = [], {}, {}, {}
+        self.owners = {f.name: d for d in dataclass_types for f in fields(d) if f.init}
+        kwargs.setdefault("usage", "%(prog)s [--config FILE] [options]")
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)  # examples
+        super().__init__(dataclass_types, **kwargs)
+        self.add_argument("--config", metavar="FILE", help="YAML or JSON option values; flags win.")
+        if self.hidden:
+            self.add_argument("--help-all", action="help", help="list the library's options too")
 
-    class CommandLineParser(HfArgumentParser):
-        def __init__(self, dataclass_types, **kwargs) -> None:
-            # Every action, in the order added, with its help before any default is appended.
-            self.arguments: dict[argparse.Action, str | None] = {}
-            self.hidden: set[argparse.Action] = set()  # options that only --help-all explains
-            self.show_all = False
-            self.spellings: dict[str, str] = {}  # HfArgumentParser's --a-b beside --a_b
-            self.groups: dict[type, Any] = {}
-            self.ours: dict[type, set[str]] = {}  # the fields each dataclass declares itself
-            self.owners = {
-                field.name: dtype
-                for dtype in dataclass_types
-                for field in dataclasses.fields(dtype)
-                if field.init
-            }
-            # The options a config file may set to null: typed Optional, or None by default.
-            self.nullable = {
-                field.name
-                for dtype in dataclass_types
-                for hints in [get_type_hints(dtype)]
-                for field in dataclasses.fields(dtype)
-                if field.default is None or type(None) in get_args(hints[field.name])
-            }
-            super().__init__(
-                dataclass_types, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
-            )
-            if self.hidden:
-                self.add_argument("--help-all", action="help", help="explain every option")
+    def add_argument(self, *flags: str, **kwargs: Any) -> argparse.Action:
+        # HfArgumentParser adds each field's option here (--x, --x-y: one), then maybe --no_x.
+        name, default = kwargs.get("dest", flags[0].lstrip("-")), kwargs.get("default")
+        if "dest" in kwargs:  # --no_x, the complement of a bool that defaults to true
+            kwargs["help"] = argparse.SUPPRESS
+        elif kwargs.get("help") and default is not None and default is not argparse.SUPPRESS:
+            kwargs["help"] += " (default: %(default)s)"
+        if (dtype := self.owners.get(name)) and dtype not in self.groups:
+            self.groups[dtype] = self.add_argument_group(dtype.__name__, self.describe(dtype))
+        group = self.groups[dtype] if dtype else super()
+        self.spellings.update(dict.fromkeys(flags[1:], flags[0]) if dtype else {})
+        self.actions.append(action := group.add_argument(*flags[: 1 if dtype else None], **kwargs))
+        if dtype and name not in self.declared(dtype):
+            self.hidden[action], action.help = action.help, argparse.SUPPRESS
+        return action
 
-        def add_argument(self, *flags: str, **kwargs: Any) -> argparse.Action:
-            # HfArgumentParser adds each field's option through here (--x first, --no_x with
-            # dest=x): it goes to its dataclass's group, and --help leaves out the fields a
-            # library's class declares (and documents).
-            name = kwargs.get("dest", flags[0].lstrip("-"))
-            dtype = self.owners.get(name) if flags[0].startswith("--") else None
-            if dtype is None:
-                action = super().add_argument(*flags, **kwargs)
-            else:
-                if not self.groups:
-                    self.groups = {dtype: self.add_group(dtype) for dtype in self.dataclass_types}
-                # One spelling in --help; the other parses as the same option.
-                action = self.groups[dtype].add_argument(flags[0], **kwargs)
-                self.spellings.update(dict.fromkeys(flags[1:], flags[0]))
-                # --no_x, the complement of a bool that defaults to true, repeats --x's help.
-                if name not in self.ours[dtype] or flags[0] == f"--no_{name}":
-                    self.hidden.add(action)
-            self.arguments[action] = action.help
-            return action
+    @staticmethod
+    def declared(dtype: type) -> set[str]:
+        """The fields of `dtype` but those it inherits unchanged (the very object) from a base."""
+        inherited = {id(f) for b in dtype.__mro__[1:] if is_dataclass(b) for f in fields(b)}
+        return {f.name for f in fields(dtype) if id(f) not in inherited}
 
-        def add_group(self, dtype: type):
-            """A group that --help describes with the docstring, naming the library fields in
-            `brief_help_fields` with their defaults."""
-            ours = self.ours[dtype] = {
-                name
-                for cls in dtype.__mro__
-                if not cls.__module__.startswith("transformers")
-                for name in vars(cls).get("__annotations__", {})
-            }
-            listed = getattr(dtype, "brief_help_fields", ())
-            named = [
-                f"--{field.name}" + ("" if default is None else f"={default}")
-                for field in dataclasses.fields(dtype)
-                if field.name in listed and field.name not in ours
-                for default in [None if field.default is dataclasses.MISSING else field.default]
-            ]
-            doc = dtype.__doc__.split("\n\n")[0] if ours else ""
-            doc = "" if doc.startswith(f"{dtype.__name__}(") else doc  # dataclass's made-up doc
-            if named:
-                doc += f" Library options used here (defaults shown): {', '.join(named)}."
-            width = shutil.get_terminal_size().columns - 4  # argparse's, less the indent
-            description = textwrap.fill(" ".join(doc.split()), width, break_on_hyphens=False)
-            return self.add_argument_group(dtype.__name__, description)
+    def describe(self, dtype: type) -> str:
+        """`dtype`'s docstring's first paragraph, then its `brief_help_fields` with defaults."""
+        doc = (dtype.__doc__ or "").split("\n\n")[0]
+        doc = "" if doc.startswith(f"{dtype.__name__}(") else doc  # dataclass's made-up doc
+        brief = set(getattr(dtype, "brief_help_fields", ())) - self.declared(dtype)
+        if named := [f"--{f.name}={f.default}" for f in fields(dtype) if f.name in brief]:
+            doc += f" Library options used here (defaults shown): {', '.join(named)}."
+        width = shutil.get_terminal_size().columns - 4  # argparse's, less the indent
+        return textwrap.fill(" ".join(doc.split()), width, break_on_hyphens=False)
 
-        def format_help(self) -> str:
-            # Each option's help ends with its default (at the time: a config file's included),
-            # and the usage line names the required options only: the groups list them all.
-            for action, text in self.arguments.items():
-                default = action.default is not None and action.default is not argparse.SUPPRESS
-                if action in self.hidden and not self.show_all:
-                    action.help = argparse.SUPPRESS
-                elif text is not None and default and "%(default)" not in text:
-                    action.help = text + " (default: %(default)s)"
-                else:
-                    action.help = text
-            return self.format_usage() + "\n" + super().format_help().split("\n\n", 1)[1]
+    def error(self, message: str) -> NoReturn:  # a bad value, a missing required option
+        raise InputError(f"{message.rstrip('.')}; see --help")
 
-        def format_usage(self) -> str:
-            # argparse's usage of a parser holding only the required arguments.
-            usage = argparse.ArgumentParser(prog=self.prog, formatter_class=self.formatter_class)
-            for action in (action for action in self.arguments if action.required):
-                shape = dict(nargs=action.nargs, metavar=action.metavar, choices=action.choices)
-                if action.option_strings:
-                    shape.update(dest=action.dest, required=True)
-                usage.add_argument(*action.option_strings[:1] or [action.dest], **shape)
-            return usage.format_usage()
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, where an unknown flag, a stray value or a number not finite is an error."""
+        parts = (arg.partition("=") for arg in (sys.argv[1:] if args is None else args))
+        args = [self.spellings.get(flag, flag) + equals + value for flag, equals, value in parts]
+        for action, text in self.hidden.items() if "--help-all" in args else ():
+            action.help = text
+        options = [flag for action in self.actions for flag in action.option_strings]
+        flags = [arg.split("=")[0] for arg in args if arg.startswith("--")]
+        for flag in (flag for flag in flags if flag not in [*options, "--"]):
+            hint = "".join(f" (did you mean {c}?)" for c in get_close_matches(flag, options, n=1))
+            raise InputError(f"unknown option {flag}{hint}; see --help")
+        namespace, extra = super().parse_known_args(args, namespace)
+        if extra:  # values no option takes
+            raise InputError(f"unexpected argument {' '.join(extra)}; see --help")
+        for name, value in vars(namespace).items():  # float() takes "nan", YAML .nan
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, float) and not math.isfinite(item):
+                    raise InputError(f"--{name} is {item}; give a finite number")
+        return namespace, extra
 
-        def error(self, message: str) -> NoReturn:
-            # argparse calls this for a bad value, a missing required option, a bad choice.
-            raise InputError(f"{message.rstrip('.')}; see --help")
+    def parse_dataclasses(self, args: list[str] | None = None) -> tuple[Any, ...]:
+        """TrlParser's `parse_args_and_config`: the dataclasses (then a namespace of the rest)."""
+        args = sys.argv[1:] if args is None else list(args)
+        paths = [path for flag, path in zip(args, args[1:], strict=False) if flag == "--config"]
+        for path in [*paths, *(arg[9:] for arg in args if arg.startswith("--config="))][-1:]:
+            self.set_config_defaults(load_config_file(path), path)
+        try:
+            return self.parse_args_into_dataclasses(args, look_for_args_file=False)
+        except (ValueError, TypeError) as err:  # a value a __post_init__ refuses
+            raise InputError(f"invalid arguments: {err}") from None
 
-        def parse_known_args(self, args=None, namespace=None):
-            """argparse's, but an unknown argument is an `InputError` too."""
-            args = [self.respelled(arg) for arg in (sys.argv[1:] if args is None else args)]
-            if "--help-all" in args:
-                self.show_all, args = True, ["--help"]
-            try:
-                namespace, unknown = super().parse_known_args(args, namespace)
-            except InputError:
-                # A mistyped --output_dir also leaves --output_dir missing: name the typo.
-                unknown = self.unknown_arguments_when_nothing_is_required(args)
-                if not unknown:
-                    raise
-            if unknown:
-                raise InputError(f"{self.describe_unknown_arguments(unknown)}; see --help")
-            # argparse's float() takes "nan" and "inf", a YAML file .nan and .inf: a NaN rate
-            # trains at nothing or diverges, found only after the run.
-            for name, value in vars(namespace).items():
-                for item in value if isinstance(value, list) else [value]:
-                    if isinstance(item, float) and not math.isfinite(item):
-                        raise InputError(f"--{name} is {item}; give a finite number")
-            return namespace, unknown
-
-        def respelled(self, argument: str) -> str:
-            flag, equals, value = argument.partition("=")
-            return self.spellings.get(flag, flag) + equals + value
-
-        def unknown_arguments_when_nothing_is_required(self, args: list[str]) -> list[str]:
-            required = [action for action in self.arguments if action.required]
-            for action in required:
+    def set_config_defaults(self, config: Mapping[str, Any], source: str) -> None:
+        """TrlParser's `set_defaults_with_config`, refusing a key no dataclass has."""
+        for key, value in config.items():
+            if key not in self.owners:
+                close = get_close_matches(key, list(self.owners), n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise InputError(f"unknown option '{key}' in config file {source}{hint}")
+            for action in (action for action in self.actions if action.dest == key):
                 action.required = False
-            try:
-                return super().parse_known_args(args)[1]
-            except InputError:
-                return []
-            finally:
-                for action in required:
-                    action.required = True
+                if refusal := self.refusal(action, value):
+                    raise InputError(f"option '{key}' in config file {source} is {refusal}")
+        self.set_defaults(**config)
 
-        def describe_unknown_arguments(self, unknown: list[str]) -> str:
-            """'unknown option --x (did you mean --y?)' for each unknown flag, else the stray
-            values."""
-            flags = [argument.split("=", 1)[0] for argument in unknown if argument.startswith("--")]
-            if not flags:
-                return f"unexpected argument{'s' if len(unknown) > 1 else ''} {' '.join(unknown)}"
-            options = [flag for action in self.arguments for flag in action.option_strings]
-            options += self.spellings
-            descriptions = []
-            for flag in flags:
-                close = difflib.get_close_matches(flag, options, n=1)
-                descriptions.append(
-                    f"unknown option {flag}" + (f" (did you mean {close[0]}?)" if close else "")
-                )
-            return ", ".join(descriptions)
-
-        def parse_dataclasses(self, args: list[str] | None = None) -> tuple[Any, ...]:
-            """`parse_args_into_dataclasses` reading no `<script>.args` file, where a value that
-            a dataclass's `__post_init__` rejects is an `InputError`."""
-            try:
-                return self.parse_args_into_dataclasses(args, look_for_args_file=False)
-            except (ValueError, TypeError) as err:
-                raise InputError(f"invalid arguments: {err}") from None
-
-    return CommandLineParser(list(dataclass_types), **options)
+    def refusal(self, action: argparse.Action, value: Any) -> str | None:
+        """Why `action` refuses a config file's `value`: argparse converts and checks strings."""
+        dtype, name = self.owners[action.dest], action.dest
+        default = next(field.default for field in fields(dtype) if field.name == name)
+        nullable = default is None or type(None) in get_args(get_type_hints(dtype)[name])
+        kinds = {int: (int,), float: (int, float), string_to_bool: (bool,)}.get(action.type)
+        takes = {int: "an integer", float: "a number", string_to_bool: "true or false"}
+        for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
+            # A string is argparse's to convert; True is an int to Python, not to a number option.
+            mistyped = kinds is not None and item is not None and type(item) not in (str, *kinds)
+            if mistyped or (item is None and not nullable):
+                shown = "null" if value is None else repr(value)
+                return f"{shown}; it takes {takes.get(action.type, 'a value')}"
+            if action.choices is not None and item is not None and item not in action.choices:
+                return f"{item!r}; choose from {', '.join(map(str, action.choices))}"
+        return None
 
 
-def _type_mismatch(action: argparse.Action, value: Any, nullable: bool) -> str | None:
-    """What an option takes, when a config file's value is another type (argparse converts and
-    checks only strings: a list learning rate would reach the run), or null where the option
-    takes no None (a null block size fails far from its cause)."""
-    from transformers.hf_argparser import string_to_bool  # parse_args imported transformers
-
-    boolean = action.type is string_to_bool
-    takes, types = {int: ("an integer", int), float: ("a number", int | float)}.get(
-        action.type, ("true or false", bool) if boolean else ("a value", object)
-    )
-    for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
-        if item is None and not nullable:
-            return takes
-        # A string is argparse's to convert; True is an int to Python, not to a number option.
-        number_as_bool = isinstance(item, bool) and action.type in (int, float)
-        if item is not None and (not isinstance(item, str | types) or number_as_bool):
-            return takes
-    return None
-
-
-def check_ranges(
-    values: Mapping[str, Any],
-    ranges: Mapping[str, tuple[Callable[[float], bool], str]],
-    name: str = "--{}",
-) -> None:
-    """Refuse the first of `values` that is not a finite number in its range (whether it fits,
-    and how to say it), in one line naming its option: `name` with the key."""
+def check_ranges(values: Mapping[str, Any], ranges: Mapping[str, tuple], name: str = "--{}"):
+    """Refuse the first of `values` not a finite number in its range, naming it: `name`."""
     for key, (fits, rule) in ranges.items():
         value = values.get(key)
         number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -355,8 +239,7 @@ def check_ranges(
             raise InputError(f"{name.format(key)} is {value!r}; give {rule}")
 
 
-# The numbers of transformers' TrainingArguments that our commands set and that it leaves
-# unchecked: a zero rate or a beta of 1 trains without a word, a zero batch fails in the loader.
+# TrainingArguments' numbers that it leaves unchecked: a zero rate trains without a word.
 TRAINING_RANGES = {
     "learning_rate": (lambda rate: rate > 0, "a positive number"),
     "num_train_epochs": (lambda epochs: epochs > 0, "a positive number"),
@@ -371,62 +254,7 @@ TRAINING_RANGES = {
 }
 
 
-def parse_args(
-    dataclass_types: Sequence[type],
-    argv: list[str] | None = None,
-    description: str | None = None,
-    prog: str | None = None,
-) -> tuple[Any, ...]:
-    """Parse `argv` into one instance per dataclass; `--config FILE` sets defaults first.
-
-    Unknown keys in the config file are an error (with a close match suggested), as are
-    unknown flags on the command line. Pass the module docstring as `description`: its
-    example commands keep their lines in `--help`.
-    """
-    parser = command_line_parser(dataclass_types, description=description, prog=prog)
-    parser.add_argument(
-        "--config",
-        default=None,
-        help="YAML or JSON file of option values; flags given on the command line override it.",
-    )
-    config_only = argparse.ArgumentParser(add_help=False)
-    config_only.add_argument("--config", default=None)
-    known, _ = config_only.parse_known_args(argv)
-    if known.config is not None:
-        apply_config_defaults(parser, load_config_file(known.config), known.config)
-    instances = parser.parse_dataclasses(argv)
-    # --config is the one argument outside the dataclasses.
-    return instances[: len(dataclass_types)]
-
-
-def apply_config_defaults(
-    parser: HfArgumentParser, config: dict[str, Any], source: str | Path
-) -> None:
-    """Make the config file's values the parser's defaults (and no longer required)."""
-    # A bool field that defaults to True has two actions (--x and --no_x) with one dest.
-    actions_by_dest: dict[str, list[argparse.Action]] = {}
-    for action in parser.arguments:
-        if action.dest not in ("help", "help_all", "config"):
-            actions_by_dest.setdefault(action.dest, []).append(action)
-    for key, value in config.items():
-        if key not in actions_by_dest:
-            close = difflib.get_close_matches(key, list(actions_by_dest), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise InputError(f"unknown option '{key}' in config file {source}{hint}")
-        for action in actions_by_dest[key]:
-            action.required = False
-            if expected := _type_mismatch(action, value, key in parser.nullable):
-                shown = "null" if value is None else repr(value)
-                raise InputError(
-                    f"option '{key}' in config file {source} is {shown}; it takes {expected}"
-                )
-            # argparse checks choices for command-line values only, never for defaults.
-            if action.choices is not None and value is not None:
-                for item in value if isinstance(value, list) else [value]:
-                    if item not in action.choices:
-                        allowed = ", ".join(map(str, action.choices))
-                        raise InputError(
-                            f"option '{key}' in config file {source} is {item!r}; "
-                            f"choose from {allowed}"
-                        )
-        parser.set_defaults(**{key: value})
+def parse_args(dataclass_types: Sequence[type], argv: list[str] | None = None, **options: Any):
+    """An instance per dataclass, flags over `--config FILE`; `options`: `prog`, `description`."""
+    parsed = CommandLineParser(dataclass_types, **options).parse_dataclasses(argv)
+    return parsed[: len(dataclass_types)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg
 
-from common.cli import command_line_parser, entry_point
+from common.cli import CommandLineParser, entry_point
 from report.build import SCREENSHOT_FILE, write_report
 
 
@@ -30,9 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     """Write the report; exit code 1 when the requested TensorBoard screenshot failed."""
     # tensorboard's reader logs every event file it opens at INFO.
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    parser = command_line_parser(
+    parser = CommandLineParser(
         [RunReportArguments],
         prog="run-report",
+        usage="%(prog)s RUN_DIR [RUN_DIR ...] [--out DIR] [options]",
         description="Figures and a Markdown report (report.md) from one or more run folders.",
     )
     parser.add_argument(

@@ -12,7 +12,7 @@ from typing import Literal
 import pytest
 from pretrain_runs import REPO_ROOT, subprocess_env
 
-from common.cli import InputError, command_line_parser, entry_point, parse_args
+from common.cli import CommandLineParser, InputError, entry_point, parse_args
 from common.files import atomic_dir, write_json_atomic
 
 EXAMPLES_DOC = """Train something small.
@@ -181,7 +181,7 @@ def test_a_json_config_with_a_key_given_twice_is_an_input_error(tmp_path):
 
 def test_extra_arguments_come_back_in_a_namespace():
     # The report's positional run folders next to its option dataclass.
-    parser = command_line_parser([ExampleArguments], prog="report")
+    parser = CommandLineParser([ExampleArguments], prog="report")
     parser.add_argument("run_dirs", nargs="+")
     args, extra = parser.parse_dataclasses(["a", "b", "--name", "x"])
     assert (args.name, extra.run_dirs) == ("x", ["a", "b"])
@@ -273,6 +273,86 @@ def test_help_all_explains_the_options_help_leaves_out(case, capsys, monkeypatch
     assert len(text.splitlines()) > 500
     assert "label smoothing" in " ".join(text.split()).lower()
     assert [name for name in options if f"--{name} " not in text] == []
+
+
+# Every command whose options a CommandLineParser reads: [project.scripts] (launch-pretraining,
+# accelerate's parser, aside), pretrain/run.py and its model-parallel loop, bench/ and tests/.
+HELP_COMMANDS = {
+    "train-tokenizer": "tokenizer.train",
+    "prepare-blocks": "pretrain.blocks.prepare",
+    "generate-text": "pretrain.generate",
+    "train-mnist": "mnist.train",
+    "train-mnist-lightning": "mnist.train_lightning",
+    "run-report": "report.__main__",
+    "probe-classifier": "probe.run",
+    "write-demo-corpus": "common.demo_corpus",
+    "compare-parallelism": "bench.compare_parallelism",
+    "check-gpu": "pretrain.check_gpu",
+    "pretrain/run.py": "pretrain.run",
+    "pretrain/run_model_parallel.py": "pretrain.run_model_parallel",
+    "bench.compare_recipes": "bench.compare_recipes",
+    "bench.model_step": "bench.model_step",
+    "bench.docstring_corpus": "bench.docstring_corpus",
+    "bench.gpu_ablation": "bench.gpu_ablation",
+    "tests/labelled_wos.py": "labelled_wos",
+}
+
+
+def help_sections(text):
+    """The options listed under each titled section of a --help text, after its description."""
+    sections, title = {}, None
+    for block in text.split("\n\n"):
+        lines = block.splitlines()
+        if lines and lines[0].endswith(":") and not lines[0][0].isspace():
+            title, lines = lines[0][:-1], lines[1:]
+            sections[title] = []
+        if title and lines and lines[0].startswith("  -"):  # options, not a description
+            sections[title] += [line.split()[0].rstrip(",") for line in lines if line[:3] == "  -"]
+    return sections
+
+
+def command_help(module, argv, capsys, monkeypatch):
+    """The help text of `module`'s main and the parser that printed it."""
+    parsers = []
+    parse = CommandLineParser.parse_dataclasses
+
+    def recorded(self, args=None):
+        parsers.append(self)
+        return parse(self, args)
+
+    monkeypatch.setattr(CommandLineParser, "parse_dataclasses", recorded)
+    text = read_help(importlib.import_module(module).main, argv, capsys, monkeypatch)
+    return text, parsers[-1]
+
+
+@pytest.mark.parametrize("module", HELP_COMMANDS.values(), ids=HELP_COMMANDS.keys())
+def test_help_of_every_command_is_a_short_group_per_dataclass(module, capsys, monkeypatch):
+    """--help: `options` (-h, --config, --help-all where a library's options are left out),
+    then a group per dataclass listing exactly the options it declares, in order; --help-all
+    adds a library's (TrainingArguments') to its group."""
+    from transformers import TrainingArguments
+
+    text, parser = command_help(module, ["--help"], capsys, monkeypatch)
+    library = set(dataclasses.fields(TrainingArguments))
+    fields = {
+        dtype.__name__: [f for f in dataclasses.fields(dtype) if f.init]
+        for dtype in parser.dataclass_types
+    }
+    ours = {
+        title: [f"--{f.name}" for f in found if f not in library] for title, found in fields.items()
+    }
+    inherits = any(f in library for found in fields.values() for f in found)
+    sections = help_sections(text)
+    assert sections["options"] == ["-h", "--config", *["--help-all"] * inherits]
+    assert [title for title in sections if title in ours] == [t for t in ours if ours[t]]
+    assert {title: sections.get(title, []) for title in ours} == ours
+    assert len(text.splitlines()) < 30 + 5 * sum(map(len, ours.values()))
+    if inherits:
+        text, _ = command_help(module, ["--help-all"], capsys, monkeypatch)
+        sections = help_sections(text)
+        for title, found in fields.items():
+            listed = [option for option in sections[title] if not option.startswith("--no_")]
+            assert listed == [f"--{f.name}" for f in found]
 
 
 def test_options_left_out_of_help_parse_as_before(capsys):
