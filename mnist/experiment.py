@@ -4,6 +4,8 @@ run folder's contents (metrics.json, model.pt)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +23,10 @@ from common.system import hardware_description, library_versions
 from mnist.args import MnistArguments
 from mnist.data import DigitSplits, load_digit_splits
 from mnist.metrics import Evaluation
+
+logger = logging.getLogger(__name__)
+# Bars redraw in place on a terminal; a log file (a Slurm job's) gets a line per epoch instead.
+PROGRESS_BARS = sys.stderr.isatty()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -66,8 +72,8 @@ def epoch_record(
     epoch: int, train: Evaluation, val: Evaluation | None, learning_rate: float, epoch_start: float
 ) -> dict[str, Any]:
     """One entry of metrics.json's history; `val` is None without a validation split,
-    `epoch_start` the epoch's `time.perf_counter()` start."""
-    return {
+    `epoch_start` the epoch's `time.perf_counter()` start; logged when there are no bars."""
+    record = {
         "epoch": epoch,
         "train_loss": train.loss,
         "train_acc": train.accuracy,
@@ -76,6 +82,13 @@ def epoch_record(
         "learning_rate": learning_rate,
         "seconds": round(time.perf_counter() - epoch_start, 3),
     }
+    if not PROGRESS_BARS:
+        validation = f", validation accuracy {val.accuracy:.4f}" if val else ""
+        logger.info(
+            "epoch %d: training loss %.4f%s, %.1f s",
+            epoch, train.loss, validation, record["seconds"],
+        )  # fmt: skip
+    return record
 
 
 @dataclass

@@ -23,6 +23,7 @@ from mnist import viz
 from mnist.args import MnistArguments
 from mnist.data import DigitSplits, distort_images, make_batches
 from mnist.experiment import (
+    PROGRESS_BARS,
     TrainedModel,
     build_lr_scheduler,
     build_optimizer,
@@ -46,7 +47,7 @@ def train_one_epoch(
     generator: torch.Generator | None = None,
     on_step: Callable[[Tensor, Tensor, float], None] | None = None,
     max_batches: int = -1,
-    progress: bool = True,
+    progress: bool = PROGRESS_BARS,
 ) -> Evaluation:
     """One pass over `batches` (at most `max_batches` when positive); mean loss and accuracy
     of the epoch (no confusion matrix).
@@ -122,7 +123,7 @@ def fit(
 
     history = []
     start = time.perf_counter()
-    epochs = tqdm(range(1, args.epochs + 1), desc="epochs")
+    epochs = tqdm(range(1, args.epochs + 1), desc="epochs", disable=not PROGRESS_BARS)
     for epoch in epochs:
         epoch_start = time.perf_counter()
         learning_rate = optimizer.param_groups[0]["lr"]

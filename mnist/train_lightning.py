@@ -33,6 +33,7 @@ from mnist import viz
 from mnist.args import MnistArguments
 from mnist.data import DigitSplits, distort_images, make_batches
 from mnist.experiment import (
+    PROGRESS_BARS,
     TrainedModel,
     build_lr_scheduler,
     build_optimizer,
@@ -225,6 +226,7 @@ def fit(
             # The run folder gets model.pt at the end; per-epoch checkpoints would be noise.
             enable_checkpointing=False,
             num_sanity_val_steps=0,
+            enable_progress_bar=PROGRESS_BARS,
             limit_val_batches=None if len(splits.val_labels) else 0,
         )
         start = time.perf_counter()

@@ -12,6 +12,7 @@ import difflib
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, NamedTuple, get_type_hints
@@ -167,7 +168,7 @@ class PretrainTrainingArguments(TrainingArguments):
     configs in pretrain/configs/ set the recipe on top."""
 
     # The TrainingArguments that --help names besides those redeclared here: what the configs
-    # and the README set (common/cli.py; --help-all explains every one).
+    # and the docs set (common/cli.py; --help-all explains every one).
     brief_help_fields: ClassVar[tuple[str, ...]] = (
         ("output_dir", "resume_from_checkpoint", "seed", "use_cpu", "disable_tqdm")
         + (
@@ -199,12 +200,19 @@ class PretrainTrainingArguments(TrainingArguments):
         help="Refuse to start without a usable CUDA GPU, in one line saying why, instead of "
         "training on the CPU; --use_cpu true still trains on the CPU.",
     )
+    disable_tqdm: bool | None = HfArg(
+        default=None,
+        help="Hide the progress bars; default: hidden when stderr is not a terminal (a log "
+        "file gets Trainer's loss lines, not bar redraws).",
+    )
     report_to: None | str | list[str] = HfArg(
         default="tensorboard",
         help="Where Trainer logs: TensorBoard always (the report reads it), and these.",
     )
 
     def __post_init__(self) -> None:
+        if self.disable_tqdm is None:
+            self.disable_tqdm = not sys.stderr.isatty()
         super().__post_init__()
         check_ranges(vars(self), TRAINING_RANGES)
         check_ranges(self.lr_scheduler_kwargs or {}, SCHEDULE_RANGES, "lr_scheduler_kwargs.{}")
@@ -269,14 +277,14 @@ def resolve_training_arguments(
     args: PretrainArguments,
     batch_blocks: int,
     count_train_blocks: Callable[[DataArguments], int],
-    trainer_loop: bool = True,
+    mixed_precision: bool = True,
 ) -> tuple[PrecisionChoice, BlockSchedule]:
     """Every change a run makes to the options it was given, each logged once with its reason:
-    the precision (the TP/PP loop's, not `trainer_loop`, is fp32), the token budget in whole
+    the precision (fp32 for a loop without `mixed_precision`), the token budget in whole
     batches (for the data only: the summary records the budget as asked), and max_steps, one
     pass over the blocks `count_train_blocks` prepares. Returns the precision and the steps."""
     training_args = args.training
-    if trainer_loop:
+    if mixed_precision:
         precision = resolve_precision(training_args)
     else:
         drop_unused_options(args.model, training_args)

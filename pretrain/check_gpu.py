@@ -18,18 +18,19 @@ from common.cli import InputError, entry_point
 from pretrain.args import PretrainArguments, budget_in_whole_batches
 from pretrain.device import cuda_unusable_reason
 from pretrain.library_fixes import quiet_cpu_notices
-from pretrain.loss import DEFAULT_CHUNK_SIZE
-from pretrain.metrics import flops_per_token, peak_flops_per_second
+from pretrain.metrics import (
+    UTILISATION,
+    flops_per_token,
+    measure_matmul_tflops,
+    memory_estimate,
+    peak_flops_per_second,
+    predicted_loop_seconds,
+)
 from pretrain.model import PRESETS, round_vocab_size
 
 COURSE_CONFIG = Path(__file__).parent / "configs" / "gpt2_117m.yaml"
 COURSE_VOCAB_SIZE = 32768  # train-tokenizer's default, while the run's tokenizer is not there
-ACTIVATION_BYTES = 37  # kept for backward per token, layer and unit of width (docs/BENCHMARKS.md)
-STATE_BYTES_PER_PARAMETER = 4 + 4 + 8 + 2  # fp32 weights, gradients, 2 AdamW moments; bf16 copy
 USABLE_MEMORY = 0.85  # the rest: CUDA context, workspaces, gradients in flight, fragmentation
-# The share of the bf16 matmul rate a training step is assumed to reach (attention, elementwise
-# work, the optimizer between the matmuls), until a GPU run measures it.
-UTILISATION = 0.4
 MATMUL_SIZE = 8192
 
 
@@ -44,17 +45,6 @@ def meta_model(args: PretrainArguments) -> GPT2LMHeadModel:
     config = GPT2Config(vocab_size=vocab_size, bos_token_id=None, eos_token_id=None, **preset)
     with torch.device("meta"):  # special token ids: None, GPT2Config's exceed the vocabulary
         return GPT2LMHeadModel(config)
-
-
-def memory_estimate(args: PretrainArguments, model: GPT2LMHeadModel, batch: int) -> list[float]:
-    """Bytes of weights, gradients and AdamW; activations; the loss, at `batch` blocks a device."""
-    config, tokens = model.config, batch * args.data.block_size
-    # The loss: one chunk's fp32 logits and softmax at a time; else transformers' keeps every
-    # fp32 logit for backward, then their fp32 and bf16 gradients.
-    chunked = args.model.loss_implementation == "chunked"
-    loss = (min(tokens, DEFAULT_CHUNK_SIZE) * 8 if chunked else tokens * 10) * config.vocab_size
-    activations = ACTIVATION_BYTES * config.n_layer * config.n_embd * tokens
-    return [STATE_BYTES_PER_PARAMETER * model.num_parameters(), activations, loss]
 
 
 def memory_line(args: PretrainArguments, model: GPT2LMHeadModel, memory: int) -> str:
@@ -80,11 +70,6 @@ def memory_line(args: PretrainArguments, model: GPT2LMHeadModel, memory: int) ->
         f"{line}; keep the global batch with --per_device_train_batch_size {fitting[0]} "
         f"--gradient_accumulation_steps {blocks // fitting[0]}: {estimate(fitting[0])}"
     )
-
-
-def predicted_loop_seconds(tokens: int, model: GPT2LMHeadModel, block_size: int, tflops: float):
-    """The training FLOPs of `tokens` at UTILISATION of a bf16 matmul rate of `tflops`."""
-    return tokens * flops_per_token(model, block_size) / (tflops * 1e12 * UTILISATION)
 
 
 def gpu_lines() -> list[str]:
@@ -122,15 +107,6 @@ def sdpa_line(device: torch.device) -> str:
     return f"SDPA kernels that run (bf16, causal, head size 64): {', '.join(runs) or 'none'}"
 
 
-def measure_matmul_tflops(device: torch.device) -> float:
-    """bf16 TFLOP/s of an n x n matmul, by torch's timer (it warms up, syncs the GPU)."""
-    from torch.utils.benchmark import Timer  # here: its import warns on machines without CUDA
-
-    a, b = torch.randn(2, MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=torch.bfloat16)
-    seconds = Timer("a @ b", globals={"a": a, "b": b}).blocked_autorange(min_run_time=0.5).median
-    return 2 * MATMUL_SIZE**3 / seconds / 1e12
-
-
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     quiet_cpu_notices()  # TrainingArguments' torch_compile notice on a machine without a GPU
@@ -148,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         nccl = torch.distributed.is_nccl_available() and torch.cuda.nccl.version()
         lines.append(f"NCCL {'.'.join(map(str, nccl)) if nccl else 'missing: gloo only'}")
     lines.append(memory_line(args, model, torch.cuda.get_device_properties(device).total_memory))
-    tflops = measure_matmul_tflops(device)
+    tflops = measure_matmul_tflops(device, torch.bfloat16, MATMUL_SIZE)
     peak = peak_flops_per_second(torch.cuda.get_device_name(device))
     datasheet = f" (datasheet peak {peak / 1e12:g})" if peak else ""
     lines.append(f"bf16 matmul {MATMUL_SIZE} x {MATMUL_SIZE}: {tflops:.0f} TFLOP/s{datasheet}")

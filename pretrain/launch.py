@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
 from accelerate.commands.launch import launch_command, launch_command_parser
@@ -151,9 +152,20 @@ def outcome(codes: dict[int, int], stop: StopSignals) -> tuple[int, str | None]:
     )
 
 
+def parse_launch_args(argv: list[str] | None) -> argparse.Namespace:
+    """accelerate launch's options; a mistake is one line, not accelerate's 112-line usage."""
+    parser = launch_command_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise cli.InputError(f"{message} (launch-pretraining --help lists the launcher's options)")
+
+    parser.error = refuse  # argparse's documented hook for how errors end
+    return parser.parse_args(argv)
+
+
 @cli.entry_point
 def main(argv: list[str] | None = None) -> int:
-    args = launch_command_parser().parse_args(argv)
+    args = parse_launch_args(argv)
     args.quiet = False  # with it, accelerate ends with exit code 1 instead of the process's
     run_dir = run_folder(args.training_script_args)
     mark_gpu_required(args)

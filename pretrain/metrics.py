@@ -44,13 +44,72 @@ from common.run_contract import (
     TIME_STEPS,
     TOKENS_PER_SECOND,
 )
+from pretrain.args import PretrainArguments
+from pretrain.loss import DEFAULT_CHUNK_SIZE
 from pretrain.model import num_matmul_parameters
 from pretrain.parallel.strategy import local_tensor
-from pretrain.plan import RunPlan
+from pretrain.plan import RunPlan, RunSetup
 
 logger = logging.getLogger(__name__)
 
 # --- FLOPs and the devices' peak ------------------------------------------------------------
+
+
+ACTIVATION_BYTES = 37  # kept for backward per token, layer and unit of width (docs/BENCHMARKS.md)
+STATE_BYTES_PER_PARAMETER = 4 + 4 + 8 + 2  # fp32 weights, gradients, 2 AdamW moments; bf16 copy
+# The share of a matmul rate a training step is assumed to reach (attention, elementwise work,
+# the optimizer between the matmuls), until a GPU run measures it. On a CPU, of fp32's: 0.25,
+# measured (a 4 x 256 GPT-2, blocks of 256, on 2 cores: 0.247).
+UTILISATION = 0.4
+CPU_UTILISATION = 0.25
+
+
+def memory_estimate(args: PretrainArguments, model: GPT2LMHeadModel, batch: int) -> list[float]:
+    """Bytes of weights, gradients and AdamW; activations; the loss, at `batch` blocks a device."""
+    config, tokens = model.config, batch * args.data.block_size
+    # The loss: one chunk's fp32 logits and softmax at a time; else transformers' keeps every
+    # fp32 logit for backward, then their fp32 and bf16 gradients.
+    chunked = args.model.loss_implementation == "chunked"
+    loss = (min(tokens, DEFAULT_CHUNK_SIZE) * 8 if chunked else tokens * 10) * config.vocab_size
+    activations = ACTIVATION_BYTES * config.n_layer * config.n_embd * tokens
+    return [STATE_BYTES_PER_PARAMETER * model.num_parameters(), activations, loss]
+
+
+def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, size: int) -> float:
+    """TFLOP/s of a `size` x `size` matmul, by torch's timer (it warms up, syncs the GPU)."""
+    from torch.utils.benchmark import Timer  # here: its import warns on machines without CUDA
+
+    a, b = torch.randn(2, size, size, device=device, dtype=dtype)
+    seconds = Timer("a @ b", globals={"a": a, "b": b}).blocked_autorange(min_run_time=0.5).median
+    return 2 * size**3 / seconds / 1e12
+
+
+def predicted_loop_seconds(
+    tokens: int, model: GPT2LMHeadModel, block_size: int, tflops: float, share: float = UTILISATION
+) -> float:
+    """The training FLOPs of `tokens` at `share` of a matmul rate of `tflops`."""
+    return tokens * flops_per_token(model, block_size) / (tflops * 1e12 * share)
+
+
+def cpu_run_estimate(args: PretrainArguments, model: GPT2LMHeadModel, tokens: int) -> str | None:
+    """Before a long CPU run, in one line: its first step's memory against what is free now and
+    its loop's time from an fp32 matmul timed here; None for a short one (the timing is skipped)."""
+    block_size = args.data.block_size
+    if tokens * flops_per_token(model, block_size) < CPU_ESTIMATE_FLOPS:
+        return None
+    memory = sum(memory_estimate(args, model, args.training.per_device_train_batch_size))
+    tflops = measure_matmul_tflops(torch.device("cpu"), torch.float32, 1024)
+    hours = predicted_loop_seconds(tokens, model, block_size, tflops, CPU_UTILISATION) / 3600
+    return (
+        f"on the CPU, the first step needs about {memory / 2**30:.1f} GiB "
+        f"({psutil.virtual_memory().available / 2**30:.1f} GiB free now) and the loop about "
+        f"{hours:,.1f} hours ({tokens:,} tokens at {CPU_UTILISATION:g} of the {tflops:.2f} TFLOP/s "
+        "of an fp32 matmul timed here); a GPU: check-gpu"
+    )
+
+
+# Training FLOPs past which a CPU run is worth the estimate's half second (about a minute here).
+CPU_ESTIMATE_FLOPS = 1e13
 
 
 def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:
@@ -279,10 +338,15 @@ class LoopClock:
     an optimizer step) what each process holds (`ranks`, in rank order)."""
 
     def __init__(
-        self, run: RunPlan, device: torch.device, snapshot_path: Path, budget: TimeBudget
+        self,
+        plan: RunPlan,
+        setup: RunSetup,
+        device: torch.device,
+        snapshot_path: Path,
+        budget: TimeBudget,
     ) -> None:
         self.budget = budget
-        self.run = run
+        self.schedule, self.setup = plan.schedule, setup
         self.device = device
         self.snapshot_path = snapshot_path
         self.gpu = GpuReadings(device)
@@ -310,13 +374,13 @@ class LoopClock:
         if step <= self._window_step:
             return {}
         now = time.perf_counter()
-        schedule = self.run.schedule
+        schedule = self.schedule
         tokens = schedule.tokens_seen(step) - schedule.tokens_seen(self._window_step)
         speed = tokens_per_second(Span.WINDOW, tokens, now - self._window_start)
         self._window_start, self._window_step = now, step
         scalars = {TOKENS_PER_SECOND: speed, **self.gpu.read()}
         mfu = model_flops_utilization(
-            speed, self.run.flops_per_token, self.run.peak_flops_per_second
+            speed, self.setup.flops_per_token, self.setup.peak_flops_per_second
         )
         if mfu is not None:
             scalars[MFU] = mfu

@@ -1,6 +1,7 @@
 """What both training loops decide before the first step, in one record (`RunPlan`): the
 tokenizer, the model's shape, the packed blocks (built by the main process first), the steps of
-one pass over them, the checkpoint to resume from; the run's shell adds the model and strategy.
+one pass over them, the checkpoint to resume from; then the model as built (`RunSetup`). What a
+loop supplies besides its steps (`LoopSupplies`) decides what is planned for it.
 """
 
 from __future__ import annotations
@@ -34,15 +35,24 @@ from pretrain.checkpoints import (
     resolve_resume_checkpoint,
     run_identity,
 )
-from pretrain.parallel.strategy import Strategy
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
+class LoopSupplies:
+    """What a training loop supplies besides its steps, declared once by the loop and read by
+    the run's shell, the plan and the options. Trainer's loop supplies all three; a loop of our
+    own trains in fp32 and leaves neither checkpoints nor final/."""
+
+    checkpoints: bool = False  # resumed from, sealed, one saved on SIGTERM/SIGUSR1 to stop
+    mixed_precision: bool = False  # the precision the launch asks for, else fp32
+    final_model: bool = False  # final/, the trained model whole, loadable by from_pretrained
+
+
+@dataclass(frozen=True)
 class RunPlan:
-    """The run as decided before its first step (`plan_run`), then with the model and the
-    parallelism in force (`RunShell.describe`), for both loops and the summary."""
+    """The run as decided before its first step (`plan_run`), for both loops and the summary."""
 
     tokenizer: PreTrainedTokenizerBase
     model_config: GPT2Config
@@ -58,24 +68,28 @@ class RunPlan:
     run_identity: dict[str, Any] | None = None  # what its checkpoints record (Trainer's loop)
     skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)  # with why
     finished: dict[str, Any] | None = None  # the summary, when it finished in the folder already
-    # Described once the model and the parallelism exist (RunShell.describe).
-    config: dict[str, Any] = field(default_factory=dict)
-    num_parameters: int = 0
-    flops_per_token: float = 0.0
-    peak_flops_per_second: float | None = None
-    strategy: Strategy | None = None
-    accelerator_state: str = ""
-    speed_settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """The model as built, as the summary records it (`RunShell.describe`): the settings, its
+    size and cost, and the speed settings under the names the ablation table uses."""
+
+    config: dict[str, Any]
+    num_parameters: int
+    flops_per_token: float
+    peak_flops_per_second: float | None
+    speed_settings: dict[str, Any]
 
 
 def plan_run(
     args: PretrainArguments,
     batch_blocks: int,
     model_checks: Sequence[Callable[[GPT2Config], None]] = (),
-    trainer_loop: bool = False,
+    supplies: LoopSupplies = LoopSupplies(),
 ) -> RunPlan:
     """Check everything that can be checked cheaply (`model_checks` refuse a shape the loop
-    cannot split; Trainer's loop resolves --resume_from_checkpoint before tokenizing anything),
+    cannot split; a loop with checkpoints resolves --resume_from_checkpoint before tokenizing),
     then prepare the blocks and count the steps of a global batch of `batch_blocks`."""
     training_args, data_args = args.training, args.data
     stop_grace_seconds()  # refused now, not at the first checkpoint
@@ -92,7 +106,7 @@ def plan_run(
         training_args.resume_from_checkpoint == RESUME_AUTO
         and (output_dir / GPT_SUMMARY_FILE).is_file()
     )
-    if trainer_loop and not finished_here:
+    if supplies.checkpoints and not finished_here:
         with training_args.main_process_first(local=False, desc="checking the run folder"):
             resume_checkpoint, skipped = resolve_resume_checkpoint(
                 output_dir, training_args.resume_from_checkpoint, is_main=training_args.should_save
@@ -107,12 +121,12 @@ def plan_run(
         return len(prepared["blocks"]["train"])
 
     precision, schedule = resolve_training_arguments(
-        args, batch_blocks, count_train_blocks, trainer_loop
+        args, batch_blocks, count_train_blocks, supplies.mixed_precision
     )
     cache_dir, blocks = prepared["cache_dir"], prepared["blocks"]
     data = {"cache_dir": str(cache_dir), **read_stats(cache_dir)}
     identity = finished = None
-    if trainer_loop:
+    if supplies.checkpoints:
         identity = run_identity(training_args, data, model_config, schedule)
         identity |= args.optimizer.identity()
         if finished_here:

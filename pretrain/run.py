@@ -14,11 +14,21 @@ from __future__ import annotations
 import logging
 import sys
 
-import torch
+try:  # `python pretrain/run.py` with a Python that lacks the venv: one line, not a traceback
+    import torch
+
+    from pretrain.batches import collate_blocks
+except ModuleNotFoundError as missing:
+    print(
+        f"error: {missing.name} is not installed for {sys.executable}: run "
+        ".venv/bin/python pretrain/run.py, or activate the venv first (source "
+        ".venv/bin/activate; make install creates it)",
+        file=sys.stderr,
+    )
+    raise SystemExit(2) from None
 from torch.utils.data import DataLoader
 from transformers import GPT2LMHeadModel, Trainer
 
-from pretrain.batches import collate_blocks
 from pretrain.metrics import clock_trainer
 from pretrain.optim import check_muon_fits, muon_optimizer
 from pretrain.parallel.strategy import (
@@ -27,7 +37,7 @@ from pretrain.parallel.strategy import (
     check_strategy,
     requested_strategy,
 )
-from pretrain.shell import RunShell, command
+from pretrain.shell import LoopSupplies, RunShell, command
 from pretrain.summary import LoopResult, replica_checksums
 
 logger = logging.getLogger(__name__)
@@ -38,7 +48,7 @@ class TrainerRun(RunShell):
     accelerate set up is checked against the one the launch asked for."""
 
     description = "Pretrain GPT-2 from scratch on packed blocks (transformers Trainer)."
-    trainer_loop = True
+    supplies = LoopSupplies(checkpoints=True, mixed_precision=True, final_model=True)
 
     def check_launch(self) -> None:
         # Read before Trainer exists: its Accelerator rewrites the launcher's variables.

@@ -49,10 +49,16 @@ from pretrain.library_fixes import (
     use_compile_cache,
 )
 from pretrain.loss import use_chunked_loss
-from pretrain.metrics import LoopClock, TimeBudget, flops_per_token, job_peak_flops_per_second
+from pretrain.metrics import (
+    LoopClock,
+    TimeBudget,
+    cpu_run_estimate,
+    flops_per_token,
+    job_peak_flops_per_second,
+)
 from pretrain.model import build_model
 from pretrain.parallel.strategy import Strategy, check_processes_joined
-from pretrain.plan import plan_run
+from pretrain.plan import LoopSupplies, RunSetup, plan_run
 from pretrain.run_folder import failures_in_one_line, hold_run_folder, save_final_model
 from pretrain.summary import LoopResult, headline, run_summary
 
@@ -66,9 +72,7 @@ class RunShell:
     prog = "pretrain/run.py"
     description: str | None = None  # --help's text; by default the loop module's docstring
     option_classes: tuple[type, ...] = ()  # the loop's own options, parsed first
-    # Trainer's loop: the precision the launch asks for, checkpoints (resumed, sealed, one on
-    # SIGTERM/SIGUSR1 before stopping) and final/; a loop of our own trains in fp32 without them.
-    trainer_loop = False
+    supplies = LoopSupplies()  # what the loop supplies besides its steps
 
     def __init__(self, argv: list[str] | None) -> None:
         self.budget = TimeBudget()
@@ -129,7 +133,7 @@ class RunShell:
             self.check_launch()
             with (
                 library_progress_bars(enabled=not self.training_args.disable_tqdm),
-                self.stop_on_signal.caught() if self.trainer_loop else nullcontext(),
+                self.stop_on_signal.caught() if self.supplies.checkpoints else nullcontext(),
                 hold_run_folder(self.output_dir, self.training_args),
             ):
                 return self.plan_and_train()
@@ -147,7 +151,7 @@ class RunShell:
         args, training_args, budget = self.args, self.training_args, self.budget
         is_main = training_args.process_index == 0
         budget.lap(TIME_LOOP_SETUP)
-        self.plan = plan = plan_run(args, self.batch_blocks, (self.check_model,), self.trainer_loop)
+        self.plan = plan = plan_run(args, self.batch_blocks, (self.check_model,), self.supplies)
         budget.lap(TIME_DATA)
         if plan.finished is not None:
             return self.nothing_to_resume(plan.finished, is_main)
@@ -157,7 +161,14 @@ class RunShell:
         model = build_model(plan.model_config)
         if args.model.loss_implementation == "chunked":
             use_chunked_loss(model)
-        self.describe(model)
+        setup = self.describe(model)
+        if training_args.device.type == "cpu" and is_main:
+            schedule = plan.schedule
+            tokens = schedule.tokens_seen(schedule.max_steps) - schedule.tokens_seen(
+                plan.resumed_from_step
+            )
+            if estimate := cpu_run_estimate(args, model, tokens):
+                logger.warning(estimate)
         budget.lap(TIME_MODEL)
         compile_cache = None
         if training_args.torch_compile:
@@ -167,17 +178,17 @@ class RunShell:
             )
         apply_library_fixes()
         self.clock = LoopClock(
-            plan, training_args.device, self.output_dir / NVIDIA_SMI_FILE, budget
+            plan, setup, training_args.device, self.output_dir / NVIDIA_SMI_FILE, budget
         )
         self.manifests = CheckpointManifestCallback(plan.run_identity)
         with trainer_creation_environment(self.tensorboard_dir, args.model.compile_regions):
-            plan.strategy, plan.accelerator_state = self.build(model)
+            self.strategy, self.accelerator_state = self.build(model)
         if is_main:
             # Which documents the blocks' splits hold, for the probe.
             copy_document_split(plan.data["cache_dir"], self.output_dir)
         # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
-        saves = failures_in_one_line(self.output_dir, 12 * plan.num_parameters, is_main)
-        with saves if self.trainer_loop else nullcontext(), compiled_once(compile_cache):
+        saves = failures_in_one_line(self.output_dir, 12 * setup.num_parameters, is_main)
+        with saves if self.supplies.checkpoints else nullcontext(), compiled_once(compile_cache):
             self.train()
             budget.lap(TIME_OTHER)  # the loop's own work after its last step
             stop = self.stop_on_signal
@@ -189,30 +200,24 @@ class RunShell:
                 )  # fmt: skip
                 return 128 + int(stop.received)
             finite = self.divergence.diverged_at_step is None
-            if finite and self.trainer_loop:
+            if finite and self.supplies.final_model:
                 save_final_model(self.write_final_model, self.output_dir / FINAL_MODEL_DIR, is_main)
                 budget.lap(TIME_FINAL_SAVE)
             result = self.measure(evaluate=finite)
             if finite:
                 budget.lap(TIME_FINAL_EVAL)
-            self.finish(run_summary(plan, self.completed(result)), is_main)
+            self.finish(run_summary(plan, setup, self.completed(result)), is_main)
         return 0
 
-    def describe(self, model: GPT2LMHeadModel) -> None:
-        """The plan completed with the model, as the summary records it (the speed settings
-        under the names the ablation table uses)."""
+    def describe(self, model: GPT2LMHeadModel) -> RunSetup:
+        """The model as built, as the summary records it."""
         plan, args, training_args = self.plan, self.args, self.training_args
-        plan.config = {
+        config = {
             **args.to_dict(*self.options),
             "model_config": model.config.to_dict(),
             "precision_source": plan.precision.source,
         }
-        plan.num_parameters = model.num_parameters()
-        plan.flops_per_token = flops_per_token(model, args.data.block_size)
-        plan.peak_flops_per_second = job_peak_flops_per_second(
-            args.report.peak_tflops, training_args.device, training_args.world_size
-        )
-        plan.speed_settings = {
+        speed_settings = {
             "precision": plan.precision.name,
             "tf32": plan.precision.tf32,
             "compile": training_args.torch_compile,
@@ -224,6 +229,11 @@ class RunShell:
             "grad_accum": training_args.gradient_accumulation_steps,
             "dataloader_num_workers": training_args.dataloader_num_workers,
         }
+        peak = job_peak_flops_per_second(
+            args.report.peak_tflops, training_args.device, training_args.world_size
+        )
+        flops = flops_per_token(model, args.data.block_size)
+        return RunSetup(config, model.num_parameters(), flops, peak, speed_settings)
 
     def diverged(self, step: int, readings: dict[str, float | None]) -> bool:
         """Whether one of `readings` at `step` is NaN or infinite, recorded as the divergence (a
@@ -247,6 +257,8 @@ class RunShell:
             divergence=self.divergence.reading,
             budget=self.budget,
             checkpoint_saves=self.manifests.saves,
+            strategy=self.strategy,
+            accelerator_state=self.accelerator_state,
         )
 
     def finish(self, summary: dict[str, Any], is_main: bool) -> None:

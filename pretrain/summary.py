@@ -1,6 +1,7 @@
 """`run_summary.json`: what a pretraining run achieved, how fast, on what, with which settings;
-every key in `run_summary()`, from `RunPlan` (decided before the first step) and `LoopResult`
-(measured by the loop). Its version and the keys the report relies on: `common.run_contract`.
+every key in `run_summary()`, from `RunPlan` (decided before the first step), `RunSetup` (the
+model as built) and `LoopResult` (measured by the loop). Its version and the keys the report
+relies on: `common.run_contract`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from accelerate.utils import gather_object
 from common.run_contract import GPT_SUMMARY_VERSION, TIME_SUMMARY
 from common.system import hardware_description, library_versions
 from pretrain.metrics import Span, TimeBudget, model_flops_utilization, tokens_per_second
-from pretrain.plan import RunPlan
+from pretrain.parallel.strategy import Strategy
+from pretrain.plan import RunPlan, RunSetup
 
 
 @dataclass(frozen=True)
@@ -42,22 +44,25 @@ class LoopResult:
     # Where the wall seconds went (laps up to the evaluation), and each checkpoint save.
     budget: TimeBudget | None = None
     checkpoint_saves: list[dict[str, float]] = field(default_factory=list)
+    # The parallelism in force (checked against what the launch set up), the processes' state.
+    strategy: Strategy | None = None
+    accelerator_state: str = ""
 
 
-def run_summary(setup: RunPlan, result: LoopResult) -> dict[str, Any]:
+def run_summary(plan: RunPlan, setup: RunSetup, result: LoopResult) -> dict[str, Any]:
     """The content of run_summary.json."""
     budget = result.budget
     budget.lap(TIME_SUMMARY)
     wall_seconds = time.time() - budget.launched_at
-    schedule = setup.schedule
+    schedule = plan.schedule
     tokens_trained = schedule.tokens_seen(result.global_step)
     session_tokens = tokens_trained - schedule.tokens_seen(result.start_step)
     speed = tokens_per_second(Span.WHOLE_LOOP, session_tokens, result.loop_seconds)
     diverged = result.diverged_at_step is not None
-    final_loss, window = final_training_loss(result.logged_losses, setup.final_loss_window)
+    final_loss, window = final_training_loss(result.logged_losses, plan.final_loss_window)
     if diverged:
         final_loss = None  # the logged losses of a diverged run are NaN, or hide it as 0
-    passed = final_loss is not None and final_loss < setup.loss_threshold
+    passed = final_loss is not None and final_loss < plan.loss_threshold
     peak_memory = max(result.ranks, key=lambda rank: rank["peak_memory_bytes"])
     checksums = result.replica_checksums
     save_seconds = sum(save["seconds"] for save in result.checkpoint_saves)
@@ -77,37 +82,37 @@ def run_summary(setup: RunPlan, result: LoopResult) -> dict[str, Any]:
         # Where the whole run ended, and the verdict.
         "global_step": result.global_step,
         "tokens_trained": tokens_trained,
-        "token_budget": setup.token_budget,
+        "token_budget": plan.token_budget,
         "final_loss": final_loss,
         "final_loss_window": window,
-        "loss_threshold": setup.loss_threshold,
+        "loss_threshold": plan.loss_threshold,
         # The one verdict: pass (final loss below the threshold), fail, or diverged.
         "verdict": "diverged" if diverged else "pass" if passed else "fail",
         "diverged_at_step": result.diverged_at_step,
         "divergence": result.divergence,
         "eval_loss": result.eval_loss,
         "perplexity": perplexity(result.eval_loss),
-        "bits_per_byte": bits_per_byte(result.eval_loss, setup.data["splits"]["validation"]),
+        "bits_per_byte": bits_per_byte(result.eval_loss, plan.data["splits"]["validation"]),
         "replica_checksums": checksums,
         "replicas_in_sync": None if checksums is None else len(set(checksums)) == 1,
         # The plan: steps, batch and data.
         "max_steps": schedule.max_steps,
         "global_batch_tokens": schedule.batch_tokens,
         "resumed_from_step": result.start_step,
-        "skipped_checkpoints": setup.skipped_checkpoints,
-        "run_identity": setup.run_identity,
-        "data": setup.data,
+        "skipped_checkpoints": plan.skipped_checkpoints,
+        "run_identity": plan.run_identity,
+        "data": plan.data,
         # What was trained, where, and with which settings.
         "num_parameters": setup.num_parameters,
         "flops_per_token": setup.flops_per_token,
-        "num_processes": setup.strategy.num_processes,
-        "accelerator_state": setup.accelerator_state,
+        "num_processes": result.strategy.num_processes,
+        "accelerator_state": result.accelerator_state,
         "speed_settings": setup.speed_settings,
         "config": setup.config,
         "parallelism": {
-            "strategy": setup.strategy.name,
-            "distributed_type": setup.strategy.distributed_type,
-            "num_processes": setup.strategy.num_processes,
+            "strategy": result.strategy.name,
+            "distributed_type": result.strategy.distributed_type,
+            "num_processes": result.strategy.num_processes,
             "ranks": result.ranks,
             **result.checks,
         },

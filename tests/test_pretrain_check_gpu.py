@@ -4,6 +4,7 @@ torch.cuda functions check-gpu reads them with (init, device_count, get_device_p
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -12,17 +13,16 @@ from pretrain_runs import TINY_CONFIG
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
 from pretrain.args import PretrainArguments
-from pretrain.check_gpu import (
-    gpu_lines,
-    main,
-    memory_estimate,
-    memory_line,
-    meta_model,
-    predicted_loop_seconds,
-    sdpa_line,
-)
+from pretrain.check_gpu import gpu_lines, main, memory_line, meta_model, sdpa_line
 from pretrain.device import cuda_unusable_reason
-from pretrain.metrics import flops_per_token, model_flops_utilization
+from pretrain.metrics import (
+    CPU_UTILISATION,
+    cpu_run_estimate,
+    flops_per_token,
+    memory_estimate,
+    model_flops_utilization,
+    predicted_loop_seconds,
+)
 from pretrain.model import build_model_config
 
 COURSE_CONFIG = TINY_CONFIG.with_name("gpt2_117m.yaml")
@@ -85,6 +85,18 @@ def test_a_faked_24_gb_card_gets_a_batch_x_accumulation_that_keeps_the_global_ba
     assert memory_line(*course, 2**30).endswith(
         "even at one block: a smaller model or a larger GPU"
     )
+
+
+def test_a_long_cpu_run_is_estimated_in_one_line_and_a_short_one_not_timed(course):
+    args, model = course
+    tokens = 12_058_624
+    line = cpu_run_estimate(args, model, tokens)
+    gib = sum(memory_estimate(args, model, args.training.per_device_train_batch_size)) / 2**30
+    assert line.startswith(f"on the CPU, the first step needs about {gib:.1f} GiB (")
+    hours, tflops = re.search(r"about ([\d,.]+) hours .* the ([\d.]+) TFLOP/s", line).groups()
+    predicted = predicted_loop_seconds(tokens, model, 1024, float(tflops), CPU_UTILISATION)
+    assert float(hours.replace(",", "")) == pytest.approx(predicted / 3600, rel=0.05, abs=0.05)
+    assert cpu_run_estimate(args, model, 1024) is None  # seconds of work: no matmul timed
 
 
 def test_memory_grows_with_the_batch_by_the_activations_alone(course):

@@ -278,6 +278,31 @@ def test_a_stop_that_saved_no_new_checkpoint_is_a_failed_run_not_one_to_requeue(
     assert outcome({0: 138, 1: 138}, stop) == (138, None)
 
 
+@pytest.mark.parametrize(
+    ("argv", "mistake"),
+    [
+        (["--config_fiel", "x", str(RUN_SCRIPT)], "unrecognized arguments: --config_fiel"),
+        (["--num_processes", "two", str(RUN_SCRIPT)], "invalid int value: 'two'"),
+        ([], "the following arguments are required: training_script"),
+    ],
+)
+def test_a_launcher_mistake_is_one_line_not_accelerates_usage(argv, mistake, capsys):
+    assert launch_main(argv) == 2
+    (error,) = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: ") and mistake in error
+    assert error.endswith("(launch-pretraining --help lists the launcher's options)")
+
+
+def test_the_run_script_under_a_python_without_the_venv_says_so_in_one_line():
+    """`python pretrain/run.py` with the venv not active; -S: this Python without its packages."""
+    finished = subprocess.run(
+        [sys.executable, "-S", str(RUN_SCRIPT), "--help"], capture_output=True, text=True
+    )
+    assert finished.returncode == 2
+    (error,) = finished.stderr.splitlines()
+    assert error.startswith("error: torch is not installed for ") and ".venv/bin/python" in error
+
+
 @pytest.mark.parametrize("grace", ["abc", "", "-5", "0", "nan", "inf", "1e10", "86401"])
 def test_a_bad_grace_period_is_one_line_and_exit_2_with_or_without_the_launcher(
     data_paths, tmp_path, monkeypatch, capsys, grace

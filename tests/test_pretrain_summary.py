@@ -15,26 +15,26 @@ from pretrain.args import PrecisionChoice
 from pretrain.batches import BlockSchedule
 from pretrain.metrics import TimeBudget
 from pretrain.parallel.strategy import Strategy
-from pretrain.plan import RunPlan
+from pretrain.plan import RunPlan, RunSetup
 from pretrain.summary import LoopResult, final_training_loss, headline, run_summary
 
 VALIDATION = {"num_evaluated_tokens": 250, "num_evaluated_bytes": 1000}
-SETUP = RunPlan(
+PLAN = RunPlan(
     tokenizer=None,  # the summary reads none of the plan's inputs
     model_config=None,
     blocks=None,
     precision=PrecisionChoice("no", "automatic (cpu: fp32)", tf32=False),
-    config={"ModelArguments": {"model_preset": "tiny"}},
     final_loss_window=3,
     loss_threshold=7.0,
     # 40 blocks of 64 tokens, 4 per step: 10 steps of 256 tokens.
     schedule=BlockSchedule(num_train_blocks=40, batch_blocks=4, block_size=64, max_steps=10),
     data={"cache_dir": "c", "splits": {"validation": VALIDATION}},
+)
+SETUP = RunSetup(
+    config={"ModelArguments": {"model_preset": "tiny"}},
     num_parameters=1000,
     flops_per_token=6000.0,
     peak_flops_per_second=1e9,
-    strategy=Strategy("fsdp2", "FSDP", 2),
-    accelerator_state="Device: cpu",
     speed_settings={"batch": 4},
 )
 RANKS = [
@@ -54,6 +54,8 @@ def result(**changes) -> LoopResult:
         "ranks": RANKS,
         "replica_checksums": ["a", "a"],
         "budget": TimeBudget(launched_at=time.time()),
+        "strategy": Strategy("fsdp2", "FSDP", 2),
+        "accelerator_state": "Device: cpu",
         **changes,
     }
     return LoopResult(**values)
@@ -67,7 +69,7 @@ def test_summary_holds_every_key_and_derives_speed_and_verdicts(tmp_path):
     budget.lap("loop")
     saves = [{"step": 5, "seconds": 0.02}, {"step": 10, "seconds": 0.03}]
     summary = run_summary(
-        SETUP, result(budget=budget, checkpoint_saves=saves, first_step_seconds=0.1)
+        PLAN, SETUP, result(budget=budget, checkpoint_saves=saves, first_step_seconds=0.1)
     )
     write_json_atomic(tmp_path / "summary.json", summary)
     written = json.loads((tmp_path / "summary.json").read_text())
@@ -106,13 +108,14 @@ def test_summary_holds_every_key_and_derives_speed_and_verdicts(tmp_path):
 
 
 def test_a_budget_rounded_up_to_whole_batches_is_stated_with_the_tokens_trained():
-    summary = run_summary(dataclasses.replace(SETUP, token_budget=2000), result())
+    summary = run_summary(dataclasses.replace(PLAN, token_budget=2000), SETUP, result())
     assert summary["tokens_trained"] == 2560 and summary["token_budget"] == 2000
     assert "2,560 tokens (the budget 2,000, rounded up)" in headline(summary)
 
 
 def test_judgements_without_losses_speed_or_peak():
     summary = run_summary(
+        PLAN,
         dataclasses.replace(SETUP, peak_flops_per_second=None),
         result(logged_losses=[], eval_loss=None, loop_seconds=None, replica_checksums=None),
     )
@@ -122,9 +125,11 @@ def test_judgements_without_losses_speed_or_peak():
     assert summary["replicas_in_sync"] is None  # sharded: not compared
     assert headline(summary).startswith("final loss n/a (NOT below 7), eval loss n/a (n/a")
     # the threshold itself fails
-    assert run_summary(SETUP, result(logged_losses=[7.0]))["verdict"] == "fail"
-    assert run_summary(SETUP, result(replica_checksums=["a", "b"]))["replicas_in_sync"] is False
-    assert run_summary(SETUP, result(eval_loss=1e6))["perplexity"] is None
+    assert run_summary(PLAN, SETUP, result(logged_losses=[7.0]))["verdict"] == "fail"
+    assert (
+        run_summary(PLAN, SETUP, result(replica_checksums=["a", "b"]))["replicas_in_sync"] is False
+    )
+    assert run_summary(PLAN, SETUP, result(eval_loss=1e6))["perplexity"] is None
 
 
 def test_final_loss_is_the_mean_of_the_last_logged_losses():
@@ -134,14 +139,13 @@ def test_final_loss_is_the_mean_of_the_last_logged_losses():
 
 
 def test_a_diverged_run_has_no_final_loss_and_never_passes():
-    summary = run_summary(
-        SETUP, result(logged_losses=[0.0, 0.0], diverged_at_step=6, divergence="grad_norm nan"),
-    )  # fmt: skip
+    diverged = result(logged_losses=[0.0, 0.0], diverged_at_step=6, divergence="grad_norm nan")
+    summary = run_summary(PLAN, SETUP, diverged)
     assert summary["verdict"] == "diverged" and summary["diverged_at_step"] == 6
     # Trainer logs a window of NaN losses as 0 (--logging_nan_inf_filter): never a pass.
     assert summary["final_loss"] is None and summary["verdict"] != "pass"
     assert headline(summary) == (
         "DIVERGED at step 6 (grad_norm nan): no final loss to hold against 7"
     )
-    assert run_summary(SETUP, result())["verdict"] == "pass"
-    assert run_summary(SETUP, result(logged_losses=[8.0]))["verdict"] == "fail"
+    assert run_summary(PLAN, SETUP, result())["verdict"] == "pass"
+    assert run_summary(PLAN, SETUP, result(logged_losses=[8.0]))["verdict"] == "fail"
