@@ -37,7 +37,7 @@ def cuda_unusable_reason() -> str | None:
         return (
             f"the NVIDIA driver supports CUDA {found // 1000}.{found % 1000 // 10}, too old for "
             f"this torch's CUDA {torch.version.cuda} (torch {torch.__version__}): update the "
-            "driver or install a torch built for its CUDA (README: Install on a GPU cluster)"
+            "driver or install a torch built for its CUDA (docs/INSTALL.md)"
         )
     return None
 
