@@ -73,3 +73,7 @@ class BlockSchedule:
     def tokens_seen(self, step: int) -> int:
         """Training tokens consumed after `step` optimizer steps (the last step may be partial)."""
         return min(step * self.batch_blocks, self.num_train_blocks) * self.block_size
+
+    def tokens_between(self, start_step: int, end_step: int) -> int:
+        """Training tokens of the steps after `start_step` up to `end_step`."""
+        return self.tokens_seen(end_step) - self.tokens_seen(start_step)

@@ -62,6 +62,8 @@ STATE_BYTES_PER_PARAMETER = 4 + 4 + 8 + 2  # fp32 weights, gradients, 2 AdamW mo
 # measured (a 4 x 256 GPT-2, blocks of 256, on 2 cores: 0.247).
 UTILISATION = 0.4
 CPU_UTILISATION = 0.25
+# Training FLOPs past which a CPU run is worth the estimate's half second (about a minute here).
+CPU_ESTIMATE_FLOPS = 1e13
 
 
 def memory_estimate(args: PretrainArguments, model: GPT2LMHeadModel, batch: int) -> list[float]:
@@ -106,10 +108,6 @@ def cpu_run_estimate(args: PretrainArguments, model: GPT2LMHeadModel, tokens: in
         f"{hours:,.1f} hours ({tokens:,} tokens at {CPU_UTILISATION:g} of the {tflops:.2f} TFLOP/s "
         "of an fp32 matmul timed here); a GPU: check-gpu"
     )
-
-
-# Training FLOPs past which a CPU run is worth the estimate's half second (about a minute here).
-CPU_ESTIMATE_FLOPS = 1e13
 
 
 def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:
@@ -375,7 +373,7 @@ class LoopClock:
             return {}
         now = time.perf_counter()
         schedule = self.schedule
-        tokens = schedule.tokens_seen(step) - schedule.tokens_seen(self._window_step)
+        tokens = schedule.tokens_between(self._window_step, step)
         speed = tokens_per_second(Span.WINDOW, tokens, now - self._window_start)
         self._window_start, self._window_step = now, step
         scalars = {TOKENS_PER_SECOND: speed, **self.gpu.read()}

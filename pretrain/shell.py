@@ -163,10 +163,7 @@ class RunShell:
             use_chunked_loss(model)
         setup = self.describe(model)
         if training_args.device.type == "cpu" and is_main:
-            schedule = plan.schedule
-            tokens = schedule.tokens_seen(schedule.max_steps) - schedule.tokens_seen(
-                plan.resumed_from_step
-            )
+            tokens = plan.schedule.tokens_between(plan.resumed_from_step, plan.schedule.max_steps)
             if estimate := cpu_run_estimate(args, model, tokens):
                 logger.warning(estimate)
         budget.lap(TIME_MODEL)

@@ -56,7 +56,7 @@ def run_summary(plan: RunPlan, setup: RunSetup, result: LoopResult) -> dict[str,
     wall_seconds = time.time() - budget.launched_at
     schedule = plan.schedule
     tokens_trained = schedule.tokens_seen(result.global_step)
-    session_tokens = tokens_trained - schedule.tokens_seen(result.start_step)
+    session_tokens = schedule.tokens_between(result.start_step, result.global_step)
     speed = tokens_per_second(Span.WHOLE_LOOP, session_tokens, result.loop_seconds)
     diverged = result.diverged_at_step is not None
     final_loss, window = final_training_loss(result.logged_losses, plan.final_loss_window)
