@@ -279,7 +279,7 @@ def test_help_all_explains_the_options_help_leaves_out(case, capsys, monkeypatch
 # accelerate's parser, aside), pretrain/run.py and its model-parallel loop, bench/ and tests/.
 HELP_COMMANDS = {
     "train-tokenizer": "tokenizer.train",
-    "prepare-blocks": "pretrain.blocks.prepare",
+    "prepare-blocks": "pretrain.prepare_blocks",
     "generate-text": "pretrain.generate",
     "train-mnist": "mnist.train",
     "train-mnist-lightning": "mnist.train_lightning",
@@ -421,7 +421,7 @@ def test_command_with_a_typo_prints_one_line_with_a_suggestion(command):
 ENTRY_MODULES = [
     "common.demo_corpus",
     "tokenizer.train",
-    "pretrain.blocks.prepare",
+    "pretrain.prepare_blocks",
     "pretrain.run",
     "pretrain.generate",
     "mnist.train",

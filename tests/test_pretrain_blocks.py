@@ -33,7 +33,7 @@ from pretrain.blocks.packing import (
     select_training_blocks,
     unigram_entropy,
 )
-from pretrain.blocks.prepare import main
+from pretrain.prepare_blocks import main
 
 BLOCK_SIZE = 32
 EOS_TEXT = "<|endoftext|>"
@@ -328,7 +328,7 @@ def test_a_cache_hit_loads_no_model_loss_or_tokenizer_library(built, corpus_args
     heavy = ("torch", "pretrain.model", "pretrain.loss", "transformers.modeling_utils",
              "transformers.tokenization_utils_base")  # fmt: skip
     code = (
-        "import sys; from pretrain.blocks.prepare import main; "
+        "import sys; from pretrain.prepare_blocks import main; "
         f"assert main({argv!r}) == 0; "
         f"print([name for name in {heavy!r} if name in sys.modules])"
     )
@@ -563,7 +563,7 @@ def test_two_builds_of_one_cache_at_once_give_one_cache(corpus_args, tiny_tokeni
     it and reuses its cache; both print the same folder."""
     argv = ["--corpus", *corpus_args.corpus, "--tokenizer_dir", str(tiny_tokenizer_dir),
             "--cache_dir", str(tmp_path / "cache"), "--block_size", str(BLOCK_SIZE)]  # fmt: skip
-    command = [sys.executable, "-m", "pretrain.blocks.prepare", *argv]
+    command = [sys.executable, "-m", "pretrain.prepare_blocks", *argv]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     processes = [
         subprocess.Popen(
@@ -594,7 +594,7 @@ def test_sigterm_while_preparing_stops_at_once_and_keeps_nothing(tiny_tokenizer_
     argv = ["--corpus", str(tmp_path / "corpus.txt"), "--tokenizer_dir", str(tiny_tokenizer_dir),
             "--cache_dir", str(cache_dir)]  # fmt: skip
     process = subprocess.Popen(
-        [sys.executable, "-m", "pretrain.blocks.prepare", *argv],
+        [sys.executable, "-m", "pretrain.prepare_blocks", *argv],
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -638,7 +638,7 @@ def test_a_full_disk_while_packing_is_one_line_exit_3_and_nothing_kept(
             argv = ["--corpus", str(wos_corpus_dir), "--tokenizer_dir", str(tiny_tokenizer_dir),
                     "--cache_dir", str(cache_dir), "--block_size", str(BLOCK_SIZE),
                     "--max_train_tokens", "400000", "--repeat_corpus"]  # fmt: skip
-            full_command = [sys.executable, "-m", "pretrain.blocks.prepare", *argv]
+            full_command = [sys.executable, "-m", "pretrain.prepare_blocks", *argv]
         else:
             full_command = run_script_command(tiny_run_argv(**paths))
         finished = subprocess.run(
@@ -692,7 +692,7 @@ def test_a_tokenizer_folder_with_its_own_code_never_runs_it(
     argv = ["--corpus", *corpus_args.corpus, "--tokenizer_dir", str(folder),
             "--cache_dir", str(tmp_path / "cache"), "--block_size", str(BLOCK_SIZE)]  # fmt: skip
     prepared = subprocess.run(
-        [sys.executable, "-m", "pretrain.blocks.prepare", *argv],
+        [sys.executable, "-m", "pretrain.prepare_blocks", *argv],
         input="y\n" * 100,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         capture_output=True,
