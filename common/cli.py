@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields, is_dataclass
+from decimal import Decimal, InvalidOperation
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, NoReturn, get_args, get_type_hints
@@ -23,6 +24,8 @@ from typing import Any, NoReturn, get_args, get_type_hints
 import yaml
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
+
+from common.system import use_allotted_cores
 
 EXIT_BAD_INPUT = 2
 # A run that failed after good input (diverged, disk full): for job scripts, not 1 nor 2.
@@ -47,11 +50,13 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 
 def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[..., int]:
-    """Wrap `main(argv)`: set up logging; `InputError` is one line and exit 2, `RunFailed` 3."""
+    """Wrap `main(argv)`: set up logging and torch's threads; `InputError` is one line and exit
+    2, `RunFailed` 3."""
 
     @functools.wraps(main)
     def wrapper(argv: list[str] | None = None) -> int:
         setup_logging()
+        use_allotted_cores()
         try:
             return main(argv) or 0
         except (InputError, RunFailed) as err:
@@ -119,6 +124,29 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def config_path(argv: Sequence[str]) -> str | None:
+    """The file of the last `--config FILE` (or `--config=FILE`) in `argv`, if any."""
+    paths = [path for flag, path in zip(argv, argv[1:], strict=False) if flag == "--config"]
+    paths += [arg.removeprefix("--config=") for arg in argv if arg.startswith("--config=")]
+    return paths[-1] if paths else None
+
+
+# A whole number's scale suffixes, as people write token budgets and step counts: 12M, 1.5k.
+SCALES = {"k": 10**3, "K": 10**3, "m": 10**6, "M": 10**6, "g": 10**9, "G": 10**9}
+
+
+def integer(text: str) -> int:
+    """Every integer option's type: a whole number in full (12000000, 12_000_000) or scaled."""
+    digits, scale = (text[:-1], SCALES[text[-1]]) if text[-1:] in SCALES else (text, 1)
+    try:
+        value = Decimal(digits.replace("_", "")) * scale
+    except InvalidOperation:
+        raise ValueError(text) from None
+    if not value.is_finite() or value != value.to_integral_value():
+        raise ValueError(text)
+    return int(value)
+
+
 class CommandLineParser(HfArgumentParser):
     """TRL's `TrlParser` shape: `--config FILE` under the flags, `InputError`s, a group each."""
 
@@ -136,6 +164,8 @@ class CommandLineParser(HfArgumentParser):
     def add_argument(self, *flags: str, **kwargs: Any) -> argparse.Action:
         # HfArgumentParser adds each field's option here (--x, --x-y: one), then maybe --no_x.
         name, default = kwargs.get("dest", flags[0].lstrip("-")), kwargs.get("default")
+        if kwargs.get("type") is int:
+            kwargs["type"] = integer
         if "dest" in kwargs:  # --no_x, the complement of a bool that defaults to true
             kwargs["help"] = argparse.SUPPRESS
         elif kwargs.get("help") and default is not None and default is not argparse.SUPPRESS:
@@ -191,8 +221,7 @@ class CommandLineParser(HfArgumentParser):
     def parse_dataclasses(self, args: list[str] | None = None) -> tuple[Any, ...]:
         """TrlParser's `parse_args_and_config`: the dataclasses (then a namespace of the rest)."""
         args = sys.argv[1:] if args is None else list(args)
-        paths = [path for flag, path in zip(args, args[1:], strict=False) if flag == "--config"]
-        for path in [*paths, *(arg[9:] for arg in args if arg.startswith("--config="))][-1:]:
+        if path := config_path(args):
             self.set_config_defaults(load_config_file(path), path)
         try:
             return self.parse_args_into_dataclasses(args, look_for_args_file=False)
@@ -217,8 +246,8 @@ class CommandLineParser(HfArgumentParser):
         dtype, name = self.owners[action.dest], action.dest
         default = next(field.default for field in fields(dtype) if field.name == name)
         nullable = default is None or type(None) in get_args(get_type_hints(dtype)[name])
-        kinds = {int: (int,), float: (int, float), string_to_bool: (bool,)}.get(action.type)
-        takes = {int: "an integer", float: "a number", string_to_bool: "true or false"}
+        kinds = {integer: (int,), float: (int, float), string_to_bool: (bool,)}.get(action.type)
+        takes = {integer: "an integer", float: "a number", string_to_bool: "true or false"}
         for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
             # A string is argparse's to convert; True is an int to Python, not to a number option.
             mistyped = kinds is not None and item is not None and type(item) not in (str, *kinds)

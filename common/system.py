@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import sys
 
 TRACKED_LIBRARIES = (
     "torch",
@@ -52,3 +53,16 @@ def hardware_description() -> dict[str, object]:
         ]
         info["cuda"] = torch.version.cuda
     return info
+
+
+def use_allotted_cores() -> None:
+    """Torch's threads: the cores Slurm gave this task (SLURM_CPUS_PER_TASK), not the whole
+    node's. Torch already follows the CPU affinity (taskset, Slurm's core binding); where Slurm
+    does not bind, a job on a shared node ran 3-24x slower with a thread per core of the node.
+    OMP_NUM_THREADS, when set, wins."""
+    allotted = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if "OMP_NUM_THREADS" in os.environ or not allotted.isdigit() or int(allotted) < 1:
+        return
+    os.environ["OMP_NUM_THREADS"] = allotted  # torch, and any worker process, reads it
+    if "torch" in sys.modules:  # already imported: it has read the variable
+        sys.modules["torch"].set_num_threads(int(allotted))

@@ -3,6 +3,7 @@ dataclass, every option of ours in it; `--help-all` for the library's others."""
 
 import dataclasses
 import importlib
+import os
 import re
 import subprocess
 import sys
@@ -147,6 +148,20 @@ class TypedArguments:
     batch_size: int = field(default=8, metadata={"help": "Blocks per step."})
     shuffle: bool = field(default=True, metadata={"help": "Shuffle the data."})
     corpus: list[str] = field(default_factory=list, metadata={"help": "Text files."})
+
+
+def test_an_integer_is_written_in_full_or_with_a_scale_suffix_and_a_fraction_is_refused(tmp_path):
+    (args,) = parse_args([TypedArguments], ["--batch_size", "12M"])
+    assert args.batch_size == 12_000_000
+    (args,) = parse_args([TypedArguments], ["--batch_size", "1.5k"])
+    assert args.batch_size == 1500
+    (args,) = parse_args(
+        [TypedArguments], ["--config", write(tmp_path, "c.yaml", "batch_size: 2G")]
+    )
+    assert args.batch_size == 2 * 10**9
+    for text in ("1.5", "12x", "nanM", "1.2345k"):
+        with pytest.raises(InputError, match=f"--batch_size.*invalid integer value: '{text}'"):
+            parse_args([TypedArguments], ["--batch_size", text])
 
 
 @pytest.mark.parametrize(
@@ -520,3 +535,21 @@ def test_atomic_dir_refuses_existing_unless_overwrite(tmp_path):
     with atomic_dir(target, overwrite=True) as tmp:
         write_json_atomic(tmp / "a.json", {"ok": True})
     assert (target / "a.json").read_text().startswith("{")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: torch's default is 1")
+def test_an_entry_point_takes_the_cores_slurm_gave_its_task_unless_omp_num_threads_is_set():
+    code = (
+        "import torch\nfrom common.cli import entry_point\n"
+        "entry_point(lambda argv: print(torch.get_num_threads(), flush=True))([])"
+    )
+    env = {key: value for key, value in subprocess_env().items() if key != "OMP_NUM_THREADS"}
+
+    def threads(**variables: str) -> str:
+        command = [sys.executable, "-c", code]
+        finished = subprocess.run(command, env={**env, **variables}, capture_output=True, text=True)
+        return finished.stdout.strip()
+
+    assert int(threads()) > 1  # torch's default: a thread per core it may run on
+    assert threads(SLURM_CPUS_PER_TASK="1") == "1"
+    assert threads(SLURM_CPUS_PER_TASK="1", OMP_NUM_THREADS="2") == "2"

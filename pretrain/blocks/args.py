@@ -29,8 +29,8 @@ class DataArguments:
     )
     max_train_tokens: int | None = HfArg(
         default=None,
-        help="Token budget: keep exactly ceil(max_train_tokens / block_size) training "
-        "blocks, a seeded random sample of the corpus (default: all blocks).",
+        help="Token budget (12000000, or 12M): keep exactly ceil(max_train_tokens / "
+        "block_size) training blocks, a seeded random sample of the corpus (default: all).",
     )
     repeat_corpus: bool = HfArg(
         default=False,
