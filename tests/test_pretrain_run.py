@@ -60,6 +60,7 @@ from pretrain.library_fixes import (
     compile_cache_distrust,
     use_compile_cache,
 )
+from pretrain.prepare_blocks import main as prepare_blocks_main
 from pretrain.run import main, parse_pretrain_args
 from report.build import write_report
 
@@ -140,6 +141,31 @@ def test_tiny_run_learns_and_writes_its_summary(tiny_run):
         assert len(set(split[name])) == summary["data"]["splits"][name]["num_documents"]
     assert {"cpu_count", "platform"} <= set(summary["hardware"])
     assert summary["versions"]["transformers"]
+
+
+@pytest.mark.slow
+def test_prepare_blocks_given_a_run_s_options_builds_the_cache_that_run_read(
+    data_paths, tiny_run, tmp_path, capsys
+):
+    """`prepare-blocks` with a run's own flags and config prints the folder the run read; one
+    block short of a whole batch, it rounds up as the run does, and the blocks' options alone
+    keep the budget as given."""
+    run_flags = tiny_run_argv(**data_paths, output_dir=tmp_path / "run", num_blocks=NUM_BLOCKS)
+    assert prepare_blocks_main(run_flags) == 0
+    assert capsys.readouterr().out.strip() == read_summary(tiny_run)["data"]["cache_dir"]
+
+    short = tiny_run_argv(**data_paths, output_dir=tmp_path / "run", num_blocks=NUM_BLOCKS - 1)
+    assert prepare_blocks_main(short) == 0
+    assert capsys.readouterr().out.strip() == read_summary(tiny_run)["data"]["cache_dir"]
+    corpus, tokenizer, cache = (
+        data_paths[key] for key in ("corpus_dir", "tokenizer_dir", "cache_dir")
+    )
+    block_flags = ["--corpus", str(corpus), "--tokenizer_dir", str(tokenizer), "--cache_dir",
+                   str(cache), "--block_size", str(BLOCK_SIZE),
+                   "--max_train_tokens", str((NUM_BLOCKS - 1) * BLOCK_SIZE)]  # fmt: skip
+    assert prepare_blocks_main(block_flags) == 0
+    folder = capsys.readouterr().out.strip()
+    assert len(load_blocks(folder)["train"]) == NUM_BLOCKS - 1
 
 
 @pytest.mark.slow
