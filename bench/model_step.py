@@ -36,7 +36,7 @@ from transformers import TrainingArguments
 from transformers.hf_argparser import HfArg
 
 from common.cli import entry_point, parse_args
-from pretrain.model import PRESETS, build_model, build_model_config
+from pretrain.model import build_model, build_model_config, resolve_preset
 from pretrain.optim import MuonArguments, muon_optimizer
 
 
@@ -67,7 +67,7 @@ class ModelStepArguments:
 
 def build(args: ModelStepArguments, side: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    preset = PRESETS[args.model_preset]
+    preset = resolve_preset(args.model_preset)
     if side == "nanogpt":
         spec = importlib.util.spec_from_file_location("nanogpt_model", args.nanogpt_model)
         nanogpt = importlib.util.module_from_spec(spec)

@@ -42,7 +42,9 @@ class ModelArguments:
     """Which GPT-2 to build; weights are always random (training from scratch)."""
 
     model_preset: str = HfArg(
-        default="gpt2-117m", help=f"Model shape, one of: {', '.join(PRESETS)}."
+        default="gpt2-117m",
+        help=f"Model shape, one of: {', '.join(PRESETS)}; or LxD: L layers, D wide (a multiple "
+        "of 64: heads of 64), 1024 positions, e.g. 6x256.",
     )
     vocab_size: int | None = HfArg(
         default=None,

@@ -26,7 +26,7 @@ from pretrain.metrics import (
     peak_flops_per_second,
     predicted_loop_seconds,
 )
-from pretrain.model import PRESETS, round_vocab_size
+from pretrain.model import resolve_preset, round_vocab_size
 
 COURSE_CONFIG = Path(__file__).parent / "configs" / "gpt2_117m.yaml"
 COURSE_VOCAB_SIZE = 32768  # train-tokenizer's default, while the run's tokenizer is not there
@@ -39,9 +39,7 @@ def meta_model(args: PretrainArguments) -> GPT2LMHeadModel:
     vocab_size = args.model.vocab_size or COURSE_VOCAB_SIZE
     if args.model.vocab_size is None and Path(args.data.tokenizer_dir).is_dir():
         vocab_size = round_vocab_size(len(AutoTokenizer.from_pretrained(args.data.tokenizer_dir)))
-    if args.model.model_preset not in PRESETS:
-        raise InputError(f"unknown model preset '{args.model.model_preset}'")
-    preset = PRESETS[args.model.model_preset]._asdict()
+    preset = resolve_preset(args.model.model_preset)._asdict()
     config = GPT2Config(vocab_size=vocab_size, bos_token_id=None, eos_token_id=None, **preset)
     with torch.device("meta"):  # special token ids: None, GPT2Config's exceed the vocabulary
         return GPT2LMHeadModel(config)

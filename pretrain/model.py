@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from typing import NamedTuple
 
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
@@ -43,6 +44,23 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 
+def resolve_preset(name: str) -> ModelPreset:
+    """A preset by name, or a shape written "LxD" (e.g. "6x256"): L layers, D wide, heads of
+    64 (GPT-2's head size), 1024 positions; the scaling ladder's rungs (bench/ladder.py)."""
+    if name in PRESETS:
+        return PRESETS[name]
+    if (shape := re.fullmatch(r"([0-9]+)x([0-9]+)", name)) is None:
+        known = ", ".join(PRESETS)
+        raise InputError(f"unknown model preset '{name}'; choose one of {known}, or LxD (6x256)")
+    layers, width = map(int, shape.groups())
+    if layers == 0 or width == 0 or width % 64:
+        raise InputError(
+            f"model shape '{name}' needs at least 1 layer and a width that is a positive "
+            "multiple of 64 (the head size), e.g. 6x256"
+        )
+    return ModelPreset(layers, width, width // 64, n_positions=1024)
+
+
 def round_vocab_size(num_tokens: int) -> int:
     return math.ceil(num_tokens / VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
@@ -57,11 +75,7 @@ def build_model_config(
     activation_function: str = "gelu_pytorch_tanh",
 ) -> GPT2Config:
     """Resolve a preset against a tokenizer; raise InputError for shapes that cannot work."""
-    if preset_name not in PRESETS:
-        raise InputError(
-            f"unknown model preset '{preset_name}'; choose one of {', '.join(PRESETS)}"
-        )
-    preset = PRESETS[preset_name]
+    preset = resolve_preset(preset_name)
     if block_size > preset.n_positions:
         raise InputError(
             f"--block_size {block_size} is longer than the {preset.n_positions} positions of "

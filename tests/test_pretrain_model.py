@@ -66,6 +66,19 @@ def test_shapes_that_cannot_work_are_refused(tokenizer, kwargs, message):
         build_model_config(tokenizer=tokenizer, **arguments)
 
 
+def test_a_shape_lxd_builds_that_gpt2_and_a_bad_shape_is_refused(tokenizer):
+    config = build_model_config("3x192", tokenizer, block_size=1024)
+    model = build_model(config)
+    assert (config.n_layer, config.n_embd, config.n_head, config.n_positions) == (3, 192, 3, 1024)
+    assert len(model.transformer.h) == 3 and model.transformer.wpe.weight.shape == (1024, 192)
+    assert model.transformer.h[0].attn.head_dim == 64
+    for bad in ("3x100", "0x256", "3x0"):
+        with pytest.raises(InputError, match=f"model shape '{bad}' needs at least 1 layer"):
+            build_model_config(bad, tokenizer, block_size=64)
+    with pytest.raises(InputError, match="unknown model preset '3x'; .* or LxD"):
+        build_model_config("3x", tokenizer, block_size=64)
+
+
 def test_flops_per_token_follows_6n_plus_attention(tokenizer):
     model = build_model(build_model_config("tiny", tokenizer, block_size=64))
     n_layer, width, vocab, positions = 2, 64, 512, 256
