@@ -92,11 +92,19 @@ def signals_handled(signals: tuple[signal.Signals, ...], handler: Callable) -> I
             signal.signal(sig, earlier)
 
 
+def from_here(path: str | Path) -> str:
+    """`path` for a message, with the folder a relative one is read from: a command run from
+    another folder would otherwise name a path that exists elsewhere."""
+    return str(path) if Path(path).is_absolute() else f"{path} (relative to {Path.cwd()})"
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON mapping of option names to values."""
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"config file {path} does not exist; pass an existing YAML or JSON file")
+        raise InputError(
+            f"config file {from_here(path)} does not exist; pass an existing YAML or JSON file"
+        )
     try:
         if path.suffix == ".json":
             data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
@@ -190,10 +198,16 @@ class CommandLineParser(HfArgumentParser):
         doc = (dtype.__doc__ or "").split("\n\n")[0]
         doc = "" if doc.startswith(f"{dtype.__name__}(") else doc  # dataclass's made-up doc
         brief = set(getattr(dtype, "brief_help_fields", ())) - self.declared(dtype)
-        if named := [f"--{f.name}={f.default}" for f in fields(dtype) if f.name in brief]:
-            doc += f" Library options used here (defaults shown): {', '.join(named)}."
+        named = [f"--{f.name}={self.get_default(f.name)}" for f in fields(dtype) if f.name in brief]
+        if named:
+            doc += f" Library options used here (with --config's values): {', '.join(named)}."
         width = shutil.get_terminal_size().columns - 4  # argparse's, less the indent
         return textwrap.fill(" ".join(doc.split()), width, break_on_hyphens=False)
+
+    def format_help(self) -> str:
+        for dtype, group in self.groups.items():  # the values --config set, not the fields'
+            group.description = self.describe(dtype)
+        return super().format_help()
 
     def error(self, message: str) -> NoReturn:  # a bad value, a missing required option
         raise InputError(f"{message.rstrip('.')}; see --help")

@@ -39,8 +39,7 @@ from typing import IO
 import numpy as np
 from transformers.hf_argparser import HfArg
 
-from common.cli import InputError
-from common.files import from_here
+from common.cli import InputError, from_here
 
 logger = logging.getLogger(__name__)
 

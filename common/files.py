@@ -65,12 +65,6 @@ def replace_dir(new_dir: Path, target: Path) -> None:
     shutil.rmtree(replaced, ignore_errors=True)
 
 
-def from_here(path: str | Path) -> str:
-    """`path` for a message, with the folder a relative one is read from: a command run from
-    another folder would otherwise name a path that exists elsewhere."""
-    return str(path) if Path(path).is_absolute() else f"{path} (relative to {Path.cwd()})"
-
-
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write JSON to a temporary file in the same folder, then rename it over `path`.
 

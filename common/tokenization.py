@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from common.cli import InputError
-from common.files import from_here
+from common.cli import InputError, from_here
 
 # Longer documents are tokenized in pieces (`cut_into_pieces`): the tokenizer needs ~100 bytes
 # a character of the text it is given at once (a 30 MB document: several GB).
