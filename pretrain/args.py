@@ -107,6 +107,12 @@ class ModelArguments:
             )
 
 
+REPORT_RANGES = {
+    "expected_final_loss": (lambda loss: loss > 0, "a positive number of nats"),
+    "expected_final_loss_margin": (lambda margin: margin >= 0, "a number >= 0"),
+}
+
+
 @dataclass
 class ReportArguments:
     """How the run is measured and judged in TensorBoard and run_summary.json."""
@@ -124,8 +130,24 @@ class ReportArguments:
         help="Peak TFLOP/s of one device, for MFU. Default: looked up from the GPU name "
         "(dense 16-bit tensor-core peak); no MFU on CPU unless given.",
     )
+    expected_final_loss: float | None = HfArg(
+        default=None,
+        help="The final loss predicted for this run (the course config's: bench.ladder's fit, "
+        "docs/BENCHMARKS.md), recorded beside the measured one; check-gpu prints it.",
+    )
+    expected_final_loss_margin: float = HfArg(
+        default=0.0, help="Half-width of that prediction's interval, in nats."
+    )
+
+    @property
+    def prediction(self) -> tuple[float, float] | None:
+        """(the expected final loss, its margin), when the run has a prediction to test."""
+        if self.expected_final_loss is None:
+            return None
+        return self.expected_final_loss, self.expected_final_loss_margin
 
     def __post_init__(self) -> None:
+        check_ranges(vars(self), REPORT_RANGES)
         if self.final_loss_window < 1:
             raise InputError(f"--final_loss_window {self.final_loss_window} must be at least 1")
         if self.peak_tflops is not None and self.peak_tflops <= 0:

@@ -135,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{flops_per_token(model, args.data.block_size) / 1e9:.3f} GFLOP / ({tflops:.0f} "
             f"TFLOP/s x {UTILISATION:g}, the share of the matmul rate a step is assumed to reach)"
         )
+    if prediction := args.report.prediction:
+        lines.append(
+            f"expected final loss {prediction[0]:.2f} +- {prediction[1]:.2f} nats per token "
+            "(bench.ladder's fit on technical English, docs/BENCHMARKS.md; Web of Science may "
+            "differ)"
+        )
     print("\n".join(lines))
     return 0
 

@@ -62,6 +62,7 @@ class RunPlan:
     precision: PrecisionChoice
     final_loss_window: int
     loss_threshold: float
+    expected_final_loss: tuple[float, float] | None  # the prediction and its margin
     token_budget: int | None = None  # --max_train_tokens as asked (the run may round it up)
     resume_checkpoint: Path | None = None
     resumed_from_step: int = 0
@@ -143,6 +144,7 @@ def plan_run(
         precision,
         args.report.final_loss_window,
         args.report.loss_threshold,
+        args.report.prediction,
         token_budget=data_args.max_train_tokens,
         resume_checkpoint=resume_checkpoint,
         resumed_from_step=checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,

@@ -86,6 +86,8 @@ def run_summary(plan: RunPlan, setup: RunSetup, result: LoopResult) -> dict[str,
         "final_loss": final_loss,
         "final_loss_window": window,
         "loss_threshold": plan.loss_threshold,
+        # The prediction this run tests (the course config's), beside what it measured.
+        "expected_final_loss": plan.expected_final_loss,
         # The one verdict: pass (final loss below the threshold), fail, or diverged.
         "verdict": "diverged" if diverged else "pass" if passed else "fail",
         "diverged_at_step": result.diverged_at_step,
@@ -136,9 +138,12 @@ def headline(summary: dict[str, Any]) -> str:
         tokens += f" (the budget {budget:,}, rounded up)"
     elif budget and budget > summary["tokens_trained"]:
         tokens += f" (of the budget {budget:,})"
+    verdict += f" {summary['loss_threshold']:g}"
+    if expected := summary.get("expected_final_loss"):
+        verdict += f"; predicted {expected[0]:.2f} +- {expected[1]:.2f}"
     line = (
-        f"final loss {_rounded(summary['final_loss'])} ({verdict} "
-        f"{summary['loss_threshold']:g}), eval loss {_rounded(summary['eval_loss'])} "
+        f"final loss {_rounded(summary['final_loss'])} ({verdict}), "
+        f"eval loss {_rounded(summary['eval_loss'])} "
         f"({_rounded(summary.get('bits_per_byte'))} bits/byte), {tokens}, "
         f"{summary['tokens_per_second'] or 0:,.0f} tokens/s"
     )

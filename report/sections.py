@@ -57,6 +57,7 @@ GPT_ROWS = (
     Row("final loss (mean of the last logged steps)", "final_loss"),
     Row("logged steps in the final loss", "final_loss_window"),
     Row("loss threshold", "loss_threshold"),
+    Row("final loss predicted before the run, +- its margin", "expected_final_loss"),
     Row("verdict: pass (final loss below the threshold), fail, or diverged", "verdict"),
     Row("diverged at step (loss, gradient or weights NaN or infinite)", "diverged_at_step"),
     Row("validation loss", "eval_loss"),

@@ -89,7 +89,14 @@ def tiny_run_process(data_paths, tmp_path_factory):
     """One finished tiny run (24 steps) started as a user starts it, with its output;
     MFU against a made-up 1 TFLOP/s peak."""
     output_dir = tmp_path_factory.mktemp("tiny") / "run"
-    argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS, peak_tflops=1)
+    argv = tiny_run_argv(
+        **data_paths,
+        output_dir=output_dir,
+        num_blocks=NUM_BLOCKS,
+        peak_tflops=1,
+        expected_final_loss=5.5,
+        expected_final_loss_margin=0.25,
+    )
     finished = subprocess.run(
         run_script_command(argv), env=subprocess_env(), capture_output=True, text=True, check=False
     )
@@ -117,6 +124,7 @@ def test_tiny_run_learns_and_writes_its_summary(tiny_run):
     assert first_loss > 5.5
     assert summary["final_loss"] < first_loss - 0.5
     assert summary["verdict"] == ("pass" if summary["final_loss"] < 7.0 else "fail")
+    assert summary["expected_final_loss"] == [5.5, 0.25]  # the prediction, beside final_loss
     assert summary["perplexity"] == pytest.approx(math.exp(summary["eval_loss"]))
     assert summary["tokens_per_second"] > 0 and summary["train_loop_seconds"] > 0
     assert summary["wall_seconds"] > summary["train_loop_seconds"]
@@ -208,6 +216,7 @@ def test_a_tiny_run_logs_our_lines_and_no_library_noise(tiny_run_process):
     assert [line for line in log.splitlines() if " WARNING pretrain." in line] == []
     assert "INFO pretrain.model: GPT-2 2 layers x 64 wide" in finished.stderr
     assert f"run folder {tiny_run_process[0]}" in finished.stdout
+    assert "(below 7; predicted 5.50 +- 0.25), eval loss" in finished.stdout  # the headline
 
 
 @pytest.mark.slow
