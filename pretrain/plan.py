@@ -62,8 +62,8 @@ class RunPlan:
     precision: PrecisionChoice
     final_loss_window: int
     loss_threshold: float
-    expected_final_loss: tuple[float, float] | None  # the prediction and its margin
     token_budget: int | None = None  # --max_train_tokens as asked (the run may round it up)
+    expected_final_loss: tuple[float, float] | None = None  # the prediction and its margin
     resume_checkpoint: Path | None = None
     resumed_from_step: int = 0
     run_identity: dict[str, Any] | None = None  # what its checkpoints record (Trainer's loop)
@@ -144,8 +144,8 @@ def plan_run(
         precision,
         args.report.final_loss_window,
         args.report.loss_threshold,
-        args.report.prediction,
         token_budget=data_args.max_train_tokens,
+        expected_final_loss=args.report.prediction,
         resume_checkpoint=resume_checkpoint,
         resumed_from_step=checkpoint_global_step(resume_checkpoint) if resume_checkpoint else 0,
         run_identity=identity,
