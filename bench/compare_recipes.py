@@ -62,6 +62,7 @@ PROXY_FLAGS = [
     "--logging_first_step", "false",
     "--save_strategy", "no",
     "--disable_tqdm", "true",
+    "--expected_final_loss", "none",  # the course run's prediction is not a proxy's
 ]  # fmt: skip
 
 

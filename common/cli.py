@@ -155,6 +155,16 @@ def integer(text: str) -> int:
     return int(value)
 
 
+def or_none(number: Callable[[str], Any]) -> Callable[[str], Any]:
+    """The type of a number option that takes None: `none` clears a config file's value."""
+
+    def convert(text: str) -> Any:
+        return None if text.lower() in ("none", "null") else number(text)
+
+    convert.number, convert.__name__ = number, number.__name__  # argparse names it in errors
+    return convert
+
+
 class CommandLineParser(HfArgumentParser):
     """TRL's `TrlParser` shape: `--config FILE` under the flags, `InputError`s, a group each."""
 
@@ -174,6 +184,8 @@ class CommandLineParser(HfArgumentParser):
         name, default = kwargs.get("dest", flags[0].lstrip("-")), kwargs.get("default")
         if kwargs.get("type") is int:
             kwargs["type"] = integer
+        if kwargs.get("type") in (integer, float) and name in self.owners and self.nullable(name):
+            kwargs["type"] = or_none(kwargs["type"])
         if "dest" in kwargs:  # --no_x, the complement of a bool that defaults to true
             kwargs["help"] = argparse.SUPPRESS
         elif kwargs.get("help") and default is not None and default is not argparse.SUPPRESS:
@@ -186,6 +198,12 @@ class CommandLineParser(HfArgumentParser):
         if dtype and name not in self.declared(dtype):
             self.hidden[action], action.help = action.help, argparse.SUPPRESS
         return action
+
+    def nullable(self, name: str) -> bool:
+        """Whether option `name` takes None (null in a config file, none on the command line)."""
+        dtype = self.owners[name]
+        default = next(field.default for field in fields(dtype) if field.name == name)
+        return default is None or type(None) in get_args(get_type_hints(dtype)[name])
 
     @staticmethod
     def declared(dtype: type) -> set[str]:
@@ -257,17 +275,15 @@ class CommandLineParser(HfArgumentParser):
 
     def refusal(self, action: argparse.Action, value: Any) -> str | None:
         """Why `action` refuses a config file's `value`: argparse converts and checks strings."""
-        dtype, name = self.owners[action.dest], action.dest
-        default = next(field.default for field in fields(dtype) if field.name == name)
-        nullable = default is None or type(None) in get_args(get_type_hints(dtype)[name])
-        kinds = {integer: (int,), float: (int, float), string_to_bool: (bool,)}.get(action.type)
+        nullable, kind = self.nullable(action.dest), getattr(action.type, "number", action.type)
+        kinds = {integer: (int,), float: (int, float), string_to_bool: (bool,)}.get(kind)
         takes = {integer: "an integer", float: "a number", string_to_bool: "true or false"}
         for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
             # A string is argparse's to convert; True is an int to Python, not to a number option.
             mistyped = kinds is not None and item is not None and type(item) not in (str, *kinds)
             if mistyped or (item is None and not nullable):
                 shown = "null" if value is None else repr(value)
-                return f"{shown}; it takes {takes.get(action.type, 'a value')}"
+                return f"{shown}; it takes {takes.get(kind, 'a value')}"
             if action.choices is not None and item is not None and item not in action.choices:
                 return f"{item!r}; choose from {', '.join(map(str, action.choices))}"
         return None

@@ -164,6 +164,21 @@ def test_an_integer_is_written_in_full_or_with_a_scale_suffix_and_a_fraction_is_
             parse_args([TypedArguments], ["--batch_size", text])
 
 
+def test_none_on_the_command_line_clears_a_config_s_number_where_the_option_takes_none(tmp_path):
+    @dataclass
+    class BudgetArguments:
+        budget: int | None = field(default=None, metadata={"help": "Tokens; none: all."})
+        steps: int = field(default=10, metadata={"help": "Steps."})
+
+    config = write(tmp_path, "c.yaml", "budget: 12M\n")
+    (args,) = parse_args([BudgetArguments], ["--config", config])
+    assert args.budget == 12_000_000
+    (args,) = parse_args([BudgetArguments], ["--config", config, "--budget", "none"])
+    assert args.budget is None
+    with pytest.raises(InputError, match="--steps: invalid integer value: 'none'"):
+        parse_args([BudgetArguments], ["--steps", "none"])
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
