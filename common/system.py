@@ -58,8 +58,8 @@ def hardware_description() -> dict[str, object]:
 def use_allotted_cores() -> None:
     """Torch's threads: the cores Slurm gave this task (SLURM_CPUS_PER_TASK), not the whole
     node's. Torch already follows the CPU affinity (taskset, Slurm's core binding); where Slurm
-    does not bind, a job on a shared node ran 3-24x slower with a thread per core of the node.
-    OMP_NUM_THREADS, when set, wins."""
+    does not bind, a thread per core of a busy node waits on the others (docs/SLURM.md: 4-5x
+    slower). OMP_NUM_THREADS, when set, wins."""
     allotted = os.environ.get("SLURM_CPUS_PER_TASK", "")
     if "OMP_NUM_THREADS" in os.environ or not allotted.isdigit() or int(allotted) < 1:
         return
