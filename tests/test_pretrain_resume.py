@@ -473,7 +473,11 @@ def test_a_signal_saves_a_checkpoint_without_periodic_ones(data_paths, tmp_path)
         run_script_command(argv), env=subprocess_env(), stderr=subprocess.PIPE, text=True
     )
     try:
-        while not list((output_dir / TENSORBOARD_DIR).glob("events.*")):  # training started
+        # A loss in TensorBoard: the loop runs (the events file itself is written before it).
+        while (
+            not (output_dir / TENSORBOARD_DIR).is_dir()
+            or not EventAccumulator(str(output_dir / TENSORBOARD_DIR)).Reload().Tags()["scalars"]
+        ):
             assert process.poll() is None, process.stderr.read()[-2000:]
             time.sleep(POLL_SECONDS)
         process.send_signal(signal.SIGUSR1)
