@@ -30,7 +30,7 @@ from typing import NamedTuple
 from transformers.hf_argparser import HfArg
 
 from bench.compare_recipes import BASE_CONFIG, PROXY_FLAGS, RecipeBenchArguments, plan_runs, train
-from common.cli import InputError, check_ranges, entry_point, load_config_file, parse_args
+from common.cli import InputError, check_ranges, entry_point, parse_args
 from report.tables import markdown_table
 
 LADDER_RANGES = {
@@ -94,11 +94,14 @@ class LadderFit(NamedTuple):
 
 
 def course_budget() -> tuple[int, int]:
-    """The course run's optimizer steps and tokens: its budget rounded up to whole batches."""
-    config = load_config_file(BASE_CONFIG)
-    batch = config["per_device_train_batch_size"] * config["gradient_accumulation_steps"]
-    steps = math.ceil(config["max_train_tokens"] / (batch * config["block_size"]))
-    return steps, steps * batch * config["block_size"]
+    """The course run's optimizer steps and tokens: its budget in whole batches, as it rounds it."""
+    from pretrain.args import budget_in_whole_batches
+    from pretrain.run import parse_pretrain_args
+
+    args = parse_pretrain_args(["--config", str(BASE_CONFIG)])
+    batch_tokens = args.training.global_batch_blocks * args.data.block_size
+    tokens = budget_in_whole_batches(args, args.training.global_batch_blocks).max_train_tokens
+    return tokens // batch_tokens, tokens
 
 
 def parameter_counts(flags: list[str], tokenizer) -> tuple[int, int]:
