@@ -101,6 +101,13 @@ STRATEGY_SPECS = {
     )
 }
 
+# The shipped recipe (Muon for the hidden matrices) without clipping in every row: DeepSpeed
+# clips Muon's orthogonalised update, not the gradient, and pretrain/run.py refuses the pair.
+OPTIMIZER_FLAGS = {
+    "muon": ("--muon", "true", "--max_grad_norm", "0"),
+    "adamw": ("--muon", "false"),
+}
+
 
 @dataclass
 class ComparisonArguments:
@@ -139,6 +146,13 @@ class ComparisonArguments:
         default=None,
         help="Microbatches per step of pp-gpipe and pp-1f1b (default: "
         "pretrain.run_model_parallel's); must divide --global_batch_size.",
+    )
+    optimizer: str = HfArg(
+        default="muon",
+        help="'muon': the shipped recipe, Muon for the attention and MLP matrices and AdamW for "
+        "the rest, every row without clipping (DeepSpeed would clip Muon's update); 'adamw': "
+        "AdamW for every parameter.",
+        metadata={"choices": list(OPTIMIZER_FLAGS)},
     )
     timeout_minutes: float = HfArg(
         default=60.0, help="Stop a strategy that runs longer and record it as failed."
@@ -189,6 +203,7 @@ class ComparisonRow:
     error: str | None = None
     granted: str | None = None  # the strategy the run reports (accelerate's type for Trainer)
     precision: str | None = None
+    optimizer: str | None = None  # as the run's summary records it
     global_batch_tokens: int | None = None
     final_loss: float | None = None
     loss_difference: float | None = None  # final_loss minus the reference's
@@ -226,7 +241,7 @@ def training_argv(
         "--gradient_accumulation_steps", "1",
         "--torch_compile", "false",
         "--loss_implementation", "hf",
-        "--muon", "false",  # AdamW, which every strategy can shard
+        *OPTIMIZER_FLAGS[args.optimizer],
         "--logging_steps", "1",
         "--save_strategy", "no",
         "--disable_tqdm", "true",
@@ -293,6 +308,9 @@ def read_summary(row: ComparisonRow, spec: StrategySpec, summary: dict[str, Any]
             f"on {len(ranks)}"
         )
     row.precision = summary["speed_settings"]["precision"]
+    config = summary["config"]
+    adamw = config["TrainingArguments"]["optim"]
+    row.optimizer = f"Muon + {adamw}" if config["MuonArguments"]["muon"] else adamw
     row.global_batch_tokens = summary["global_batch_tokens"]
     row.final_loss = summary["final_loss"]
     row.step_seconds = steady_step_seconds(summary)
@@ -363,7 +381,8 @@ def format_difference(row: ComparisonRow) -> str:
 def comparison_table(rows: list[ComparisonRow]) -> list[str]:
     """The comparison as a Markdown table, one line per strategy."""
     header = [
-        "strategy", "processes", "blocks/process", "precision", "final loss", "difference",
+        "strategy", "processes", "blocks/process", "precision", "optimizer", "final loss",
+        "difference",
         "parameters/process", "optimizer state/process", "peak memory/process", "step time",
         "tokens/s", "result",
     ]  # fmt: skip
@@ -373,6 +392,7 @@ def comparison_table(rows: list[ComparisonRow]) -> list[str]:
             str(row.num_processes),
             str(row.blocks_per_process),
             row.precision or "-",
+            row.optimizer or "-",
             "-" if row.final_loss is None else f"{row.final_loss:.4f}",
             format_difference(row),
             format_bytes(row.parameter_bytes),

@@ -10,18 +10,24 @@ import math
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import DistributedType
 from torch import nn
-from transformers import PreTrainedModel, Trainer, TrainingArguments
+from torch.distributed.tensor import DTensor
+from transformers import Trainer, TrainingArguments
 from transformers.hf_argparser import HfArg
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 from transformers.pytorch_utils import Conv1D
 
 from common.cli import InputError
-from pretrain.parallel.strategy import DATA_PARALLEL, SINGLE_PROCESS, Request
+from pretrain.parallel.strategy import Request
+
+# DeepSpeed whose Muon runs Newton-Schulz at every ZeRO stage and on zero.Init parameters
+DEEPSPEED_MUON = "0.19.8"
 
 
 @dataclass
 class MuonArguments:
-    """Muon for the attention and MLP matrices (one process or DDP)."""
+    """Muon for the attention and MLP matrices (every strategy)."""
 
     muon: bool = HfArg(default=False, help="Muon for them, --optim for the rest.")
     muon_learning_rate: float = HfArg(
@@ -53,17 +59,24 @@ class MuonArguments:
         return {"muon": dataclasses.asdict(self)} if self.muon else {}
 
 
-def check_muon_fits(muon_args: MuonArguments, request: Request) -> None:
-    """Refuse Muon where it cannot run as asked: a torch without it, sharded strategies (Muon
-    must see each matrix whole, FSDP and ZeRO hand the optimizer shards or flat buffers)."""
+def check_muon_fits(muon_args: MuonArguments, request: Request, max_grad_norm: float) -> None:
+    """Refuse Muon where it cannot run as asked: a torch without it, FSDP1 (flat parameters:
+    Muon would see no matrix), ZeRO with clipping (DeepSpeed clips Muon's orthogonalised update,
+    not the gradient: deepspeed#8439, every step shrunk by the norm)."""
     if not muon_args.muon:
         return
     if not hasattr(torch.optim, "Muon"):
         raise InputError(f"--muon needs torch.optim.Muon (torch 2.9+); this is {torch.__version__}")
-    if request.distributed_type not in (SINGLE_PROCESS, DATA_PARALLEL):
+    if request.distributed_type == DistributedType.FSDP.name and request.fsdp_version != 2:
         raise InputError(
-            f"--muon trains with one process or DDP, not {request.distributed_type}: Muon needs "
-            "every matrix whole; pass --muon false (AdamW) or drop the FSDP/DeepSpeed config"
+            "--muon under FSDP needs fsdp_version: 2 (FSDP1 hands the optimizer flat shards, no "
+            "matrices); set it in the accelerate config, as accelerate_configs/fsdp.yaml does"
+        )
+    if request.distributed_type == DistributedType.DEEPSPEED.name and max_grad_norm > 0:
+        raise InputError(
+            f"--muon under DeepSpeed ZeRO with --max_grad_norm {max_grad_norm}: DeepSpeed clips "
+            "Muon's orthogonalised update instead of the gradient (deepspeed issue 8439), which "
+            "shrinks every Muon step; pass --max_grad_norm 0"
         )
 
 
@@ -100,27 +113,45 @@ def decay_parameter_names(model: nn.Module) -> set[str]:
     return set(Trainer.get_decay_parameter_names(None, model))
 
 
+def split_by_layout(groups: list[dict]) -> list[dict]:
+    """Each group split into its sharded (DTensor) and whole parameters, which fused and foreach
+    kernels cannot take in one call (tensor parallelism holds both); empty groups dropped."""
+    split = []
+    for group in groups:
+        for sharded in (False, True):
+            params = [p for p in group["params"] if isinstance(p, DTensor) == sharded]
+            if params:
+                split.append({**group, "params": params})
+    return split
+
+
 def muon_optimizer(
-    model: PreTrainedModel,
+    model: nn.Module,
     training_args: TrainingArguments,
     muon_args: MuonArguments,
     ns_steps: int = 5,
-) -> MuonWithAdamW | None:
+    deepspeed: bool = False,
+) -> torch.optim.Optimizer | None:
     """The optimizer `muon_args` ask for, or None (Trainer then builds --optim's itself);
-    `ns_steps` Newton-Schulz iterations a step (torch's default)."""
+    `ns_steps` Newton-Schulz iterations a step (torch's default). `model` may be a whole GPT-2,
+    a tensor-parallel one (DTensor matrices: torch's Muon orthogonalises each whole through
+    DTensor's collectives) or a pipeline stage. `deepspeed`: DeepSpeed's own Muon, which ZeRO
+    orthogonalises on whole gradients before partitioning them (torch's would see flat shards)."""
     if not muon_args.muon:
         return None
-    # Muon's: the blocks' 2-D weights (the tied output head is the input embedding). torch's Muon
-    # scales a step by sqrt(max(1, rows / columns)) of the tensor as stored, (in, out) in Conv1D:
-    # each group's rate carries the true (out, in) shape's factor over the stored one's, its decay
-    # the inverse (torch decays by rate x decay): what nanochat's nn.Linear matrices get.
-    head = model.get_output_embeddings()
+    # Muon's: the blocks' 2-D weights (not the output head, a copy of the input embedding in a
+    # pipeline's last stage). torch's Muon scales a step by sqrt(max(1, rows / columns)) of the
+    # tensor as stored, (in, out) in Conv1D: each group's rate carries the true (out, in)
+    # shape's factor over the stored one's, its decay the inverse (torch decays by rate x
+    # decay): what nanochat's nn.Linear matrices get. DeepSpeed's Muon scales as torch's does.
     by_factor: dict[float, list[nn.Parameter]] = {}
-    for module in model.modules():
+    blocks = [module for module in model.modules() if isinstance(module, GPT2Block)]
+    for module in (layer for block in blocks for layer in block.modules()):
         if isinstance(module, Conv1D):
-            rows, columns = module.weight.shape  # (in, out)
+            # a ZeRO-3 parameter outside forward is an empty placeholder; ds_shape is its shape
+            rows, columns = getattr(module.weight, "ds_shape", module.weight.shape)  # (in, out)
             factor = math.sqrt(max(1, columns / rows) / max(1, rows / columns))
-        elif isinstance(module, nn.Linear) and module is not head:
+        elif isinstance(module, nn.Linear):
             factor = 1.0  # stored as (out, in)
         else:
             continue
@@ -133,11 +164,38 @@ def muon_optimizer(
     rest = [(n, p) for n, p in model.named_parameters() if p not in matrices and p.requires_grad]
     embedding_lr = muon_args.embedding_learning_rate
     embedding_lr = training_args.learning_rate if embedding_lr is None else embedding_lr
-    adamw_groups = [
-        {"params": [p for n, p in rest if n not in decay], "weight_decay": 0.0},
+    adamw_groups = split_by_layout([
+        {"params": [p for n, p in rest if n not in decay], "lr": training_args.learning_rate,
+         "weight_decay": 0.0},
         {"params": [p for n, p in rest if n in decay], "lr": embedding_lr,
          "weight_decay": training_args.weight_decay},
-    ]  # fmt: skip
+    ])  # fmt: skip
     adamw_cls, adamw_kwargs = Trainer.get_optimizer_cls_and_kwargs(training_args)
+    if deepspeed:
+        return deepspeed_muon(muon_groups, adamw_groups, adamw_cls, adamw_kwargs, muon_args)
     muon_kwargs = {"momentum": muon_args.muon_momentum, "ns_steps": ns_steps}
     return MuonWithAdamW(muon_groups, adamw_groups, adamw_cls, adamw_kwargs, **muon_kwargs)
+
+
+def deepspeed_muon(muon_groups, adamw_groups, adamw_cls, adamw_kwargs, muon_args):
+    """DeepSpeed's `MuonWithAuxAdam` over the same groups, --optim for AdamW's. ZeRO runs
+    Newton-Schulz only on parameters flagged `use_muon` (an unflagged one steps as SGD, without
+    a word), so every matrix is flagged here; bf16 Newton-Schulz ("standard") as torch's."""
+    import deepspeed
+    from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+    from packaging.version import Version
+
+    if Version(deepspeed.__version__) < Version(DEEPSPEED_MUON):
+        raise InputError(
+            f"--muon under ZeRO needs deepspeed {DEEPSPEED_MUON}+ (earlier ones skip Newton-Schulz "
+            f"at some stages); this is {deepspeed.__version__}: pip install -r "
+            "requirements-deepspeed.txt"
+        )
+    for group in muon_groups:
+        group |= {"use_muon": True, "momentum": muon_args.muon_momentum, "ns_method": "standard"}
+    for group in adamw_groups:
+        group |= {"use_muon": False, "betas": adamw_kwargs["betas"], "eps": adamw_kwargs["eps"]}
+    for group in (*muon_groups, *adamw_groups):
+        for param in group["params"]:
+            param.use_muon = group["use_muon"]
+    return MuonWithAuxAdam([*adamw_groups, *muon_groups], adamw_cls, adamw_kwargs)

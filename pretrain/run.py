@@ -29,8 +29,9 @@ except ModuleNotFoundError as missing:
 from torch.utils.data import DataLoader
 from transformers import GPT2LMHeadModel, Trainer
 
+from common.cli import InputError
 from pretrain.metrics import clock_trainer
-from pretrain.optim import check_muon_fits, muon_optimizer
+from pretrain.optim import MuonArguments, check_muon_fits, muon_optimizer
 from pretrain.parallel.strategy import (
     Strategy,
     check_request_fits_device,
@@ -54,11 +55,12 @@ class TrainerRun(RunShell):
         # Read before Trainer exists: its Accelerator rewrites the launcher's variables.
         self.request = requested_strategy(self.training_args)
         check_request_fits_device(self.request, self.training_args.device)
-        check_muon_fits(self.args.optimizer, self.request)
+        check_muon_fits(self.args.optimizer, self.request, self.training_args.max_grad_norm)
 
     def build(self, model: GPT2LMHeadModel) -> tuple[Strategy, str]:
         plan = self.plan
-        self.trainer = trainer = Trainer(
+        self.trainer = trainer = MuonTrainer(
+            muon_args=self.args.optimizer,
             model=model,
             args=self.training_args,
             train_dataset=plan.blocks["train"],
@@ -66,7 +68,6 @@ class TrainerRun(RunShell):
             data_collator=collate_blocks,
             processing_class=plan.tokenizer,
             callbacks=[self.stop_on_signal, self.divergence, self.manifests],
-            optimizers=(muon_optimizer(model, self.training_args, self.args.optimizer), None),
         )
         # From here accelerate has set up the processes, devices and precision it will train with.
         accelerator_state = str(trainer.accelerator.state)
@@ -97,6 +98,37 @@ class TrainerRun(RunShell):
                 sharded=trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled,
             ),
         )
+
+
+class MuonTrainer(Trainer):
+    """Trainer building `muon_optimizer`'s optimizer where it builds its own: FSDP and DeepSpeed
+    refuse one passed in (DeepSpeed replaces it with AdamW, without a word)."""
+
+    def __init__(self, muon_args: MuonArguments, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.muon_args = muon_args
+        plugin = self.accelerator.state.deepspeed_plugin
+        if not muon_args.muon or plugin is None:
+            return
+        if "optimizer" in plugin.deepspeed_config:
+            raise InputError(
+                "--muon builds DeepSpeed's Muon itself, but the DeepSpeed config names an "
+                "optimizer, which would replace it; remove its 'optimizer' section"
+            )
+        if plugin.zero_stage == 3:
+            # ZeRO-3 runs Muon on all-reduced gradients only (it refuses reduce-scatter): the
+            # same sums, more bytes; accelerate's config keys cannot set it.
+            plugin.deepspeed_config["zero_optimization"]["reduce_scatter"] = False
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            self.optimizer = muon_optimizer(
+                self.model if model is None else model,
+                self.args,
+                self.muon_args,
+                deepspeed=self.is_deepspeed_enabled,
+            )
+        return super().create_optimizer(model)
 
 
 @torch.no_grad()

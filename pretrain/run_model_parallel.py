@@ -40,7 +40,6 @@ from accelerate.data_loader import SeedableRandomSampler
 from accelerate.utils import broadcast_object_list
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 from torch.utils.tensorboard import SummaryWriter
 from transformers import (
     GPT2Config,
@@ -54,7 +53,7 @@ from transformers.hf_argparser import HfArg
 
 from common.cli import InputError
 from common.run_contract import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, TRAIN_LOSS
-from pretrain.optim import decay_parameter_names
+from pretrain.optim import MuonArguments, decay_parameter_names, muon_optimizer, split_by_layout
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
     build_gpt2_pipeline,
@@ -124,20 +123,22 @@ class WholeModel:
         return {}
 
 
-def build_optimizer(module: nn.Module, training_args: TrainingArguments) -> torch.optim.Optimizer:
-    """The optimizer Trainer would build for `module` (--optim, weight decay on all but biases
-    and layer norms), its groups also split into sharded (DTensor) and whole parameters, which
-    fused and foreach kernels cannot take in one call."""
+def build_optimizer(
+    module: nn.Module, training_args: TrainingArguments, muon_args: MuonArguments
+) -> torch.optim.Optimizer:
+    """The optimizer Trainer would build for `module` (Muon as `muon_args` ask, else --optim with
+    weight decay on all but biases and layer norms), each group split into sharded (DTensor)
+    and whole parameters."""
+    muon = muon_optimizer(module, training_args, muon_args)
+    if muon is not None:
+        return muon
     decay_names = decay_parameter_names(module)
-    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
-    for name, parameter in module.named_parameters():
-        key = (name in decay_names, isinstance(parameter, DTensor))
-        groups.setdefault(key, []).append(parameter)
     optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(training_args)
-    param_groups = [
-        {"params": params, "weight_decay": training_args.weight_decay if decay else 0.0}
-        for (decay, _), params in groups.items()
-    ]
+    param_groups = split_by_layout([
+        {"params": [p for n, p in module.named_parameters() if (n in decay_names) == decay],
+         "weight_decay": training_args.weight_decay if decay else 0.0}
+        for decay in (True, False)
+    ])  # fmt: skip
     return optimizer_cls(param_groups, **optimizer_kwargs)
 
 
@@ -156,8 +157,6 @@ class ModelParallelRun(RunShell):
         (self.parallel,) = self.options
         strategy, training_args = self.parallel.strategy, self.training_args
         launched = training_args.world_size  # all joined one training: the shell checked
-        if self.args.optimizer.muon:
-            raise InputError("--muon trains under pretrain/run.py only: here pass --muon false")
         if strategy == "single" and launched > 1:
             raise InputError(
                 f"--strategy single runs in one process, but {launched} were started; run it "
@@ -205,7 +204,7 @@ class ModelParallelRun(RunShell):
             if parallel.strategy == "tp":
                 parallelize_gpt2(model, init_device_mesh(device.type, (world_size,)))
             self.local = WholeModel(model)
-        self.optimizer = build_optimizer(self.local.module, training_args)
+        self.optimizer = build_optimizer(self.local.module, training_args, self.args.optimizer)
         self.scheduler = get_scheduler(
             training_args.lr_scheduler_type,
             self.optimizer,

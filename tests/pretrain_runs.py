@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from transformers.trainer import TRAINER_STATE_NAME
 
 from common.run_contract import GPT_SUMMARY_FILE
@@ -18,6 +19,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_SCRIPT = REPO_ROOT / "pretrain" / "run.py"
 TINY_CONFIG = REPO_ROOT / "pretrain" / "configs" / "tiny.yaml"
 BLOCK_SIZE = 64
+COURSE_CONFIG = yaml.safe_load(TINY_CONFIG.with_name("gpt2_117m.yaml").read_text())
+# The course config's optimiser: Muon and AdamW, and a warmdown given as a share of the steps.
+COURSE_OPTIMISER = {
+    name: json.dumps(value) if isinstance(value, dict) else value
+    for name, value in COURSE_CONFIG.items()
+    if name.startswith(("muon", "embedding_", "adam_", "lr_scheduler", "warmup"))
+}
 
 
 def shared_data_paths(corpus_dir: Path, tokenizer_dir: Path, tmp_path_factory) -> dict:

@@ -42,20 +42,27 @@ def one_process_reference(data_paths: dict, tmp_path_factory: pytest.TempPathFac
     return output_dir
 
 
-def launch_two_processes(
-    config: Path, data_paths: dict, output_dir: Path, *options: str
-) -> subprocess.CompletedProcess:
+def two_process_command(
+    config: Path, data_paths: dict, output_dir: Path, *options: str, num_blocks: int = NUM_BLOCKS
+) -> list[str]:
     """`accelerate launch --config_file config` of the tiny run, 2 processes x 2 blocks."""
-    command = [
+    return [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(config),
         "--num_processes", "2", "--num_cpu_threads_per_process", "1",
         "--main_process_port", str(get_free_port()),
         str(RUN_SCRIPT),
-        *tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS),
+        *tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=num_blocks),
         "--per_device_train_batch_size", str(GLOBAL_BATCH // 2),
         *options,
     ]  # fmt: skip
+
+
+def launch_two_processes(
+    config: Path, data_paths: dict, output_dir: Path, *options: str, num_blocks: int = NUM_BLOCKS
+) -> subprocess.CompletedProcess:
+    """Run `two_process_command` to its end."""
+    command = two_process_command(config, data_paths, output_dir, *options, num_blocks=num_blocks)
     return subprocess.run(
         command, env=subprocess_env(), capture_output=True, text=True, timeout=600
     )

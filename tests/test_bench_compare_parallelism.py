@@ -32,8 +32,9 @@ pytestmark = pytest.mark.multiprocess
 
 NUM_STEPS = 3
 GLOBAL_BATCH = 4  # blocks: 2 per process under data parallel
-# Every strategy adds the same numbers in another order: fp32 rounding, nothing more.
-LOSS_TOLERANCE = 1e-4
+# Every strategy adds the same numbers in another order; Muon's bf16 Newton-Schulz rounds such
+# sums apart (AdamW's rows: fp32 rounding, 1e-4, in each strategy's own test).
+LOSS_TOLERANCE = 0.02
 SHARDED = ("fsdp", "zero2", "zero3", "tp", "pp-gpipe", "pp-1f1b")
 
 
@@ -71,6 +72,7 @@ def test_every_strategy_trains_like_its_reference_and_sharding_holds_less(data_p
         assert row["global_batch_tokens"] == GLOBAL_BATCH * BLOCK_SIZE
         assert row["num_processes"] == (1 if name in ("single", "single-loop") else 2)
         assert row["tokens_per_second"] > 0 and row["peak_memory_bytes"] > 0
+        assert row["optimizer"] == "Muon + adamw_torch_fused"  # the shipped recipe, by default
     assert rows["ddp"]["blocks_per_process"] == GLOBAL_BATCH // 2
     assert rows["tp"]["blocks_per_process"] == GLOBAL_BATCH
 
@@ -154,6 +156,7 @@ def test_a_run_without_a_step_time_shows_its_speed_as_missing():
     summary = {
         "parallelism": {"strategy": "ddp", "ranks": [rank, rank]},
         "speed_settings": {"precision": "fp32"},
+        "config": {"MuonArguments": {"muon": False}, "TrainingArguments": {"optim": "adamw_torch"}},
         "global_batch_tokens": 128,
         "final_loss": 5.0,
         "global_step": 1,
@@ -165,4 +168,4 @@ def test_a_run_without_a_step_time_shows_its_speed_as_missing():
     assert row.succeeded and row.step_seconds is None and row.tokens_per_second is None
     (line,) = comparison_table([row])[2:]
     cells = [cell.strip() for cell in line.split("|")[1:-1]]
-    assert cells[-3:] == ["-", "-", "ok"]
+    assert cells[-3:] == ["-", "-", "ok"] and cells[4] == "adamw_torch"

@@ -17,9 +17,9 @@ from transformers.trainer import TRAINER_STATE_NAME
 
 from common.cli import InputError
 from pretrain.optim import MuonArguments, check_muon_fits, muon_optimizer
+from pretrain.parallel.pipeline import GPT2PipelineStage
 from pretrain.parallel.strategy import DATA_PARALLEL, SINGLE_PROCESS, Request
 from pretrain.run import main
-from pretrain.run_model_parallel import main as model_parallel_main
 
 MUON = MuonArguments(
     muon=True, muon_learning_rate=0.05, muon_weight_decay=0.3, embedding_learning_rate=3e-3
@@ -127,12 +127,14 @@ def test_trainer_schedule_scales_every_group_alike(tmp_path):
 
 
 def test_muon_is_refused_where_it_cannot_train_as_asked():
-    for accepted in (SINGLE_PROCESS, DATA_PARALLEL):
-        check_muon_fits(MUON, Request(accepted))
-    for sharded in ("FSDP", "DEEPSPEED"):
-        with pytest.raises(InputError, match=f"not {sharded}: Muon needs every matrix whole"):
-            check_muon_fits(MUON, Request(sharded))
-    check_muon_fits(MuonArguments(), Request("FSDP"))  # AdamW: nothing to refuse
+    for accepted in (SINGLE_PROCESS, DATA_PARALLEL, "DEEPSPEED"):
+        check_muon_fits(MUON, Request(accepted), max_grad_norm=0.0)
+    check_muon_fits(MUON, Request("FSDP", fsdp_version=2), max_grad_norm=1.0)
+    with pytest.raises(InputError, match="--muon under FSDP needs fsdp_version: 2"):
+        check_muon_fits(MUON, Request("FSDP", fsdp_version=1), max_grad_norm=1.0)
+    check_muon_fits(
+        MuonArguments(), Request("FSDP", fsdp_version=1), 1.0
+    )  # AdamW: nothing to refuse
     with pytest.raises(InputError, match="the momentum < 1"):
         MuonArguments(muon=True, muon_momentum=1.0)
     with pytest.raises(InputError, match="must be >= 0"):
@@ -145,24 +147,35 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("config", ["cpu_fsdp.yaml", "cpu_deepspeed_zero2.yaml"])
-def test_muon_under_fsdp_or_zero_is_refused_in_one_line(config, data_paths, tmp_path):
-    result = launch_two_processes(
-        CONFIG_DIR / config, data_paths, tmp_path / "run", "--muon", "true"
-    )
+def test_muon_under_zero_with_clipping_is_refused_in_one_line(data_paths, tmp_path):
+    """DeepSpeed would clip Muon's orthogonalised update by the norm, shrinking every step."""
+    config = CONFIG_DIR / "cpu_deepspeed_zero2.yaml"
+    result = launch_two_processes(config, data_paths, tmp_path / "run", "--muon", "true")
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and errors[0] == errors[1]  # one line from each process
-    assert "--muon trains with one process or DDP" in errors[0]
+    assert "DeepSpeed clips Muon's orthogonalised update" in errors[0]
+    assert "pass --max_grad_norm 0" in errors[0]
     assert re.search(r"exitcode\s*:\s*2\b", result.stderr)
     assert not (tmp_path / "run").exists()
 
 
-def test_muon_in_the_tensor_and_pipeline_loop_is_refused(data_paths, tmp_path, capsys):
-    argv = tiny_run_argv(**data_paths, output_dir=tmp_path / "run", muon="true")
-    assert model_parallel_main(["--strategy", "single", *argv]) == 2
-    assert "--muon trains under pretrain/run.py" in capsys.readouterr().err
-    assert not (tmp_path / "run").exists()
+def test_a_pipeline_stage_trains_its_own_matrices_with_muon(tmp_path):
+    """The last stage's output layer (a copy of the tied embedding) stays on AdamW at the
+    embedding rate; every matrix of the stage's blocks is on Muon."""
+    model = tiny_gpt2()
+    for stage_index in (0, 1):
+        stage = GPT2PipelineStage(model, stage_index, num_stages=2)
+        optimizer = muon_optimizer(stage, training_args(tmp_path), MUON)
+        on_muon = {p for group in optimizer.muon.param_groups for p in group["params"]}
+        assert on_muon == {m.weight for m in stage.modules() if isinstance(m, Conv1D)}
+        assert len(on_muon) == 4
+        if stage.is_last:
+            head = stage.lm_head.weight
+            (head_group,) = [
+                g for g in optimizer.param_groups if any(p is head for p in g["params"])
+            ]
+            assert (head_group["lr"], head_group["weight_decay"]) == (3e-3, 0.1)
 
 
 @pytest.mark.slow

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from pretrain_runs import (
-    TINY_CONFIG,
+    COURSE_OPTIMISER,
     logged_losses,
     read_summary,
     run_script_command,
@@ -51,13 +50,6 @@ NUM_BLOCKS = 160  # 40 steps of 4 blocks
 NUM_STEPS = NUM_BLOCKS // 4
 SAVE_STEPS = 4
 POLL_SECONDS = 0.02
-COURSE_CONFIG = yaml.safe_load(TINY_CONFIG.with_name("gpt2_117m.yaml").read_text())
-# The course config's optimiser: Muon and AdamW, and a warmdown given as a share of the steps.
-COURSE_OPTIMISER = {
-    name: json.dumps(value) if isinstance(value, dict) else value
-    for name, value in COURSE_CONFIG.items()
-    if name.startswith(("muon", "embedding_", "adam_", "lr_scheduler", "warmup"))
-}
 
 
 @pytest.fixture
