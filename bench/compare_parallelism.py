@@ -15,13 +15,15 @@ pretrain/run.py flags given after `--` (corpus, tokenizer, budget):
                                       pretrain.run_model_parallel (our loop; single-loop is one
                                       process); every process sees the whole batch
 
-All run eagerly with transformers' loss, as our loop does, so the rows differ by their
-parallelism only (on GPUs Trainer trains in bf16, our loop in fp32). Both loops read the blocks
+All run eagerly with transformers' loss, as our loop does, and with the shipped recipe's
+optimizer (Muon for the attention and MLP matrices, AdamW for the rest; `--optimizer adamw`:
+AdamW for all), so the rows differ by their parallelism only (on GPUs Trainer trains in bf16,
+our loop in fp32). Both loops read the blocks
 in the same seeded order and write the same run_summary.json, so every row's loss is compared
 with one reference, `single` (pretrain/run.py in one process). Per strategy the table gives
-the last step's loss and its difference from the reference, the parameter and optimizer-state
-bytes and the peak memory of the process that holds the most, the step time (the first step
-left out) and tokens/s.
+the optimizer, the last step's loss and its difference from the reference, the parameter and
+optimizer-state bytes and the peak memory of the process that holds the most, the step time
+(the first step left out) and tokens/s.
 
 `--output_dir` receives a run folder and a log per strategy (`<strategy>/`,
 `<strategy>.log`), then `parallelism_comparison.md` (the table), `.png` and, last, `.json`. A
