@@ -1,5 +1,7 @@
-"""What torch's Muon costs on a sharded matrix: the collectives DTensor runs for one step of
-each GPT-2 117M hidden matrix as FSDP2 and tensor parallelism place it, and the step's seconds
+"""What Muon costs on a sharded matrix: the collectives of one step of each GPT-2 117M hidden
+matrix as FSDP2 and tensor parallelism place it, and the step's seconds, for torch's Muon on
+the shards (DTensor splits every Newton-Schulz product across the processes) and for
+pretrain.optim's step (gradient and momentum gathered once, orthogonalised on each process),
 against the same step on the whole matrix in one process.
 
     torchrun --standalone --nproc_per_node 2 -m bench.muon_collectives [--repeats 5]
@@ -20,6 +22,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+from pretrain.optim import MuonWithAdamW
+
 # (strategy, matrix, stored shape, placement): GPT-2 117M's four hidden matrices under each.
 PLACEMENTS = [
     ("fsdp2", "attn.c_attn", (768, 2304), Shard(0)),
@@ -33,15 +37,27 @@ PLACEMENTS = [
 ]
 
 
-def median_step_seconds(optimizer: torch.optim.Optimizer, repeats: int) -> float:
-    optimizer.step()  # warm-up: the momentum buffer is made
+def muon_step(matrix: torch.nn.Parameter) -> MuonWithAdamW:
+    """pretrain.optim's optimizer over `matrix` alone (its AdamW half holds an unused scalar)."""
+    scalar = torch.nn.Parameter(torch.zeros(()))
+    return MuonWithAdamW([{"params": [matrix]}], [{"params": [scalar]}], torch.optim.AdamW, {})
+
+
+def timed_steps(optimizer, matrix: torch.nn.Parameter, grad: torch.Tensor, repeats: int):
+    """The collectives of one step after the first (which makes the momentum) and the median
+    seconds of `repeats` more, each from `grad` (the gathered step replaces a shard's)."""
+    matrix.grad = grad
+    optimizer.step()
+    matrix.grad = grad
+    with CommDebugMode() as comm:
+        optimizer.step()
     seconds = []
     for _ in range(repeats):
-        dist.barrier()
+        matrix.grad = grad
         start = time.perf_counter()
         optimizer.step()
         seconds.append(time.perf_counter() - start)
-    return sorted(seconds)[len(seconds) // 2]
+    return sum(comm.get_comm_counts().values()), sorted(seconds)[len(seconds) // 2]
 
 
 def main() -> None:
@@ -52,35 +68,29 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     rank = dist.get_rank()
     if rank == 0:
-        print("| strategy | matrix | stored shape | placement | collectives per step "
-              "| sharded step | whole step (one process) |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+        print(
+            "| strategy | matrix | stored shape | placement | torch's Muon on shards: "
+            "collectives, seconds | gathered: collectives, seconds | whole, one process |"
+        )
+        print("|---|---|---|---|---|---|---|")  # fmt: skip
     for strategy, name, shape, placement in PLACEMENTS:
         torch.manual_seed(0)
         weight, grad = torch.randn(shape), torch.randn(shape)
-        sharded = torch.nn.Parameter(distribute_tensor(weight, mesh, [placement]))
-        sharded.grad = distribute_tensor(grad, mesh, [placement])
-        optimizer = torch.optim.Muon([sharded], lr=0.01)
-        with CommDebugMode() as comm:
-            optimizer.step()
-        sharded_seconds = median_step_seconds(optimizer, repeats)
+        cells = []
+        for gathered in (False, True):
+            sharded = torch.nn.Parameter(distribute_tensor(weight, mesh, [placement]))
+            optimizer = muon_step(sharded) if gathered else torch.optim.Muon([sharded])
+            sharded_grad = distribute_tensor(grad, mesh, [placement])
+            counts, seconds = timed_steps(optimizer, sharded, sharded_grad, repeats)
+            cells.append(f"{counts}, {seconds * 1e3:.0f} ms")
         whole_seconds = float("nan")
         if rank == 0:  # alone: the other process waits at the barrier below
             whole = torch.nn.Parameter(weight.clone())
-            whole.grad = grad.clone()
-            whole_optimizer = torch.optim.Muon([whole], lr=0.01)
-            whole_optimizer.step()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                whole_optimizer.step()
-            whole_seconds = (time.perf_counter() - start) / repeats
+            _, whole_seconds = timed_steps(torch.optim.Muon([whole]), whole, grad, repeats)
         dist.barrier()
         if rank == 0:
-            counts = ", ".join(
-                f"{count} {str(op).split('.')[-1]}" for op, count in comm.get_comm_counts().items()
-            )
-            print(f"| {strategy} | {name} | {shape[0]} x {shape[1]} | {placement} | {counts} "
-                  f"| {sharded_seconds * 1e3:.0f} ms | {whole_seconds * 1e3:.0f} ms |")  # fmt: skip
+            print(f"| {strategy} | {name} | {shape[0]} x {shape[1]} | {placement} | {cells[0]} "
+                  f"| {cells[1]} | {whole_seconds * 1e3:.0f} ms |")  # fmt: skip
     dist.destroy_process_group()
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from accelerate.utils import DistributedType
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 from transformers import Trainer, TrainingArguments
 from transformers.hf_argparser import HfArg
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
@@ -104,7 +104,32 @@ class MuonWithAdamW(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("MuonWithAdamW takes no closure")
         self.adamw.step()
+        # A sharded (DTensor: FSDP2, tensor parallel) matrix's gradient and momentum gathered
+        # whole: torch's Muon then orthogonalises it on each process without a collective
+        # (on shards, DTensor would split every Newton-Schulz product across the processes:
+        # 11-16 collectives a matrix, bench/muon_collectives.py), and each process keeps its
+        # shard of the momentum and applies its shard of the update.
+        sharded = [p for g in self.muon.param_groups for p in g["params"] if is_sharded(p.grad)]
+        for param in sharded:
+            param.grad = whole(param.grad)
+            state = self.state[param]
+            if "momentum_buffer" in state:
+                state["momentum_buffer"] = whole(state["momentum_buffer"])
         self.muon.step()
+        for param in sharded:
+            state = self.state[param]
+            state["momentum_buffer"] = state["momentum_buffer"].redistribute(
+                placements=param.placements
+            )
+
+
+def is_sharded(tensor: torch.Tensor | None) -> bool:
+    return isinstance(tensor, DTensor) and any(not p.is_replicate() for p in tensor.placements)
+
+
+def whole(tensor: DTensor) -> DTensor:
+    """`tensor` gathered on every process (one all-gather), still a DTensor."""
+    return tensor.redistribute(placements=[Replicate()] * tensor.device_mesh.ndim)
 
 
 def decay_parameter_names(model: nn.Module) -> set[str]:

@@ -129,6 +129,11 @@ def test_muon_under_trainer_strategies_trains_like_one_process(
     gap = run["eval_loss"] - reference["eval_loss"]
     print(f"{strategy}: eval loss {gap:+.6f} from one process's")
     assert_newton_schulz_ran(run_dir)
+    if strategy == "fsdp2":  # Muon's momentum is gathered for a step only: kept as shards
+        (whole,) = read_summary(reference_dir)["parallelism"]["ranks"]
+        for rank in run["parallelism"]["ranks"]:
+            share = rank["optimizer_state_bytes"] / whole["optimizer_state_bytes"]
+            assert share == pytest.approx(0.5, rel=0.01)
 
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "zero2"])
