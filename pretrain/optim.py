@@ -159,8 +159,8 @@ def muon_optimizer(
 ) -> torch.optim.Optimizer | None:
     """The optimizer `muon_args` ask for, or None (Trainer then builds --optim's itself);
     `ns_steps` Newton-Schulz iterations a step (torch's default). `model` may be a whole GPT-2,
-    a tensor-parallel one (DTensor matrices: torch's Muon orthogonalises each whole through
-    DTensor's collectives) or a pipeline stage. `deepspeed`: DeepSpeed's own Muon, which ZeRO
+    one sharded by FSDP2 or tensor parallelism (DTensor matrices, gathered for each step: see
+    `MuonWithAdamW.step`) or a pipeline stage. `deepspeed`: DeepSpeed's own Muon, which ZeRO
     orthogonalises on whole gradients before partitioning them (torch's would see flat shards)."""
     if not muon_args.muon:
         return None
