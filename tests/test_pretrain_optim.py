@@ -19,7 +19,9 @@ from common.cli import InputError
 from pretrain.optim import MuonArguments, check_muon_fits, muon_optimizer
 from pretrain.parallel.pipeline import GPT2PipelineStage
 from pretrain.parallel.strategy import DATA_PARALLEL, SINGLE_PROCESS, Request
+from pretrain.parallel.tensor import conv1d_to_linear
 from pretrain.run import main
+from pretrain.run_model_parallel import build_optimizer
 
 MUON = MuonArguments(
     muon=True, muon_learning_rate=0.05, muon_weight_decay=0.3, embedding_learning_rate=3e-3
@@ -158,6 +160,22 @@ def test_muon_under_zero_with_clipping_is_refused_in_one_line(data_paths, tmp_pa
     assert "pass --max_grad_norm 0" in errors[0]
     assert re.search(r"exitcode\s*:\s*2\b", result.stderr)
     assert not (tmp_path / "run").exists()
+
+
+def test_tensor_parallel_linear_matrices_step_with_muon_at_their_own_shape(tmp_path):
+    """Tensor parallelism turns each Conv1D into an equal nn.Linear, stored (out, in): every
+    block matrix is still on Muon, its rate no longer carrying a transpose's factor."""
+    model = tiny_gpt2()
+    for block in model.transformer.h:
+        for parent, name in ((block.attn, "c_attn"), (block.attn, "c_proj"),
+                             (block.mlp, "c_fc"), (block.mlp, "c_proj")):  # fmt: skip
+            setattr(parent, name, conv1d_to_linear(getattr(parent, name)))
+    optimizer = build_optimizer(model, training_args(tmp_path), MUON)
+    linears = {m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    linears.discard(model.lm_head.weight)  # the tied embedding: AdamW
+    (group,) = optimizer.muon.param_groups
+    assert set(group["params"]) == linears and len(linears) == 8
+    assert group["lr"] == MUON.muon_learning_rate
 
 
 def test_a_pipeline_stage_trains_its_own_matrices_with_muon(tmp_path):
