@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from importlib.metadata import version
 
 import torch
 from accelerate.utils import DistributedType
+from packaging.version import Version
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 from transformers import Trainer, TrainingArguments
@@ -61,8 +63,9 @@ class MuonArguments:
 
 def check_muon_fits(muon_args: MuonArguments, request: Request, max_grad_norm: float) -> None:
     """Refuse Muon where it cannot run as asked: a torch without it, FSDP1 (flat parameters:
-    Muon would see no matrix), ZeRO with clipping (DeepSpeed clips Muon's orthogonalised update,
-    not the gradient: deepspeed#8439, every step shrunk by the norm)."""
+    Muon would see no matrix), a DeepSpeed older than DEEPSPEED_MUON, ZeRO with clipping
+    (DeepSpeed clips Muon's orthogonalised update, not the gradient: deepspeed#8439, every step
+    shrunk by the norm); before any data is prepared."""
     if not muon_args.muon:
         return
     if not hasattr(torch.optim, "Muon"):
@@ -72,7 +75,15 @@ def check_muon_fits(muon_args: MuonArguments, request: Request, max_grad_norm: f
             "--muon under FSDP needs fsdp_version: 2 (FSDP1 hands the optimizer flat shards, no "
             "matrices); set it in the accelerate config, as accelerate_configs/fsdp.yaml does"
         )
-    if request.distributed_type == DistributedType.DEEPSPEED.name and max_grad_norm > 0:
+    if request.distributed_type != DistributedType.DEEPSPEED.name:
+        return
+    deepspeed = version("deepspeed")  # read before any data is prepared; no import
+    if Version(deepspeed) < Version(DEEPSPEED_MUON):
+        raise InputError(
+            f"--muon under ZeRO needs deepspeed {DEEPSPEED_MUON}+ (earlier ones skip Newton-Schulz "
+            f"at some stages); this is {deepspeed}: pip install -r requirements-deepspeed.txt"
+        )
+    if max_grad_norm > 0:
         raise InputError(
             f"--muon under DeepSpeed ZeRO with --max_grad_norm {max_grad_norm}: DeepSpeed clips "
             "Muon's orthogonalised update instead of the gradient (deepspeed issue 8439), which "
@@ -206,16 +217,8 @@ def deepspeed_muon(muon_groups, adamw_groups, adamw_cls, adamw_kwargs, muon_args
     """DeepSpeed's `MuonWithAuxAdam` over the same groups, --optim for AdamW's. ZeRO runs
     Newton-Schulz only on parameters flagged `use_muon` (an unflagged one steps as SGD, without
     a word), so every matrix is flagged here; bf16 Newton-Schulz ("standard") as torch's."""
-    import deepspeed
     from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
-    from packaging.version import Version
 
-    if Version(deepspeed.__version__) < Version(DEEPSPEED_MUON):
-        raise InputError(
-            f"--muon under ZeRO needs deepspeed {DEEPSPEED_MUON}+ (earlier ones skip Newton-Schulz "
-            f"at some stages); this is {deepspeed.__version__}: pip install -r "
-            "requirements-deepspeed.txt"
-        )
     for group in muon_groups:
         group |= {"use_muon": True, "momentum": muon_args.muon_momentum, "ns_method": "standard"}
     for group in adamw_groups:
