@@ -118,7 +118,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         # A sharded (DTensor: FSDP2, tensor parallel) matrix's gradient and momentum gathered
         # whole: torch's Muon then orthogonalises it on each process without a collective
         # (on shards, DTensor would split every Newton-Schulz product across the processes:
-        # 11-16 collectives a matrix, bench/muon_collectives.py), and each process keeps its
+        # 11-16 collectives a matrix, docs/BENCHMARKS_ARCHIVE.md), and each process keeps its
         # shard of the momentum and applies its shard of the update.
         sharded = [p for g in self.muon.param_groups for p in g["params"] if is_sharded(p.grad)]
         for param in sharded:

@@ -321,7 +321,6 @@ HELP_COMMANDS = {
     "pretrain/run.py": "pretrain.run",
     "pretrain/run_model_parallel.py": "pretrain.run_model_parallel",
     "bench.compare_recipes": "bench.compare_recipes",
-    "bench.model_step": "bench.model_step",
     "bench.docstring_corpus": "bench.docstring_corpus",
     "bench.gpu_ablation": "bench.gpu_ablation",
     "tests/labelled_wos.py": "labelled_wos",
