@@ -21,7 +21,7 @@ from transformers import TrainingArguments
 from common.cli import InputError, RunFailed, exception_chain
 from common.files import LOCK_FILE, LockHeld, exclusive_lock, read_manifest, replace_dir
 from common.run_contract import FINAL_MODEL_DIR
-from pretrain.checkpoints import RESUME_AUTO, list_checkpoints, seal_checkpoint
+from pretrain.checkpoints import RESUME_AUTO, StopRequested, list_checkpoints, seal_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -30,30 +30,33 @@ logger = logging.getLogger(__name__)
 def hold_run_folder(output_dir: Path, training_args: TrainingArguments) -> Iterator[None]:
     """One run per folder: the main process holds its lock while the block runs, and every
     process stops in one line naming the holder when another run has it. A folder created here
-    and holding only the lock when the block fails (bad input found late) is removed."""
+    is removed when the block fails holding only the lock (bad input found late), and when a
+    stop comes before the loop (its set-up's files: no checkpoint yet), from its mkdir on."""
     is_main = training_args.process_index == 0
     created = is_main and not output_dir.exists()
     with ExitStack() as stack:
-        refusal = None
-        if is_main:
-            try:
-                output_dir.mkdir(parents=True, exist_ok=True)
-                stack.enter_context(exclusive_lock(output_dir / LOCK_FILE, wait=False))
-            except LockHeld as held:
-                refusal = (
-                    f"output folder {output_dir} is in use by another run ({held}); "
-                    "wait for it to end, or pass another --output_dir"
-                )
-            except OSError as err:
-                refusal = f"cannot write to output folder {output_dir}: {err.strerror}"
-        (refusal,) = broadcast_object_list([refusal])
-        if refusal is not None:
-            raise InputError(refusal)
         try:
+            refusal = None
+            if is_main:
+                try:
+                    output_dir.mkdir(parents=True, exist_ok=True)
+                    stack.enter_context(exclusive_lock(output_dir / LOCK_FILE, wait=False))
+                except LockHeld as held:
+                    refusal = (
+                        f"output folder {output_dir} is in use by another run ({held}); "
+                        "wait for it to end, or pass another --output_dir"
+                    )
+                except OSError as err:
+                    refusal = f"cannot write to output folder {output_dir}: {err.strerror}"
+            (refusal,) = broadcast_object_list([refusal])
+            if refusal is not None:
+                raise InputError(refusal)
             yield
-        except BaseException:
-            if created and {path.name for path in output_dir.iterdir()} <= {LOCK_FILE}:
-                shutil.rmtree(output_dir, ignore_errors=True)
+        except BaseException as err:
+            if created and output_dir.is_dir():
+                only_lock = {path.name for path in output_dir.iterdir()} <= {LOCK_FILE}
+                if only_lock or isinstance(err, StopRequested):
+                    shutil.rmtree(output_dir, ignore_errors=True)
             raise
 
 
