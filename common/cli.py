@@ -25,7 +25,7 @@ import yaml
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-from common.system import use_allotted_cores
+from common.system import build_extensions_in_this_environment, use_allotted_cores
 
 EXIT_BAD_INPUT = 2
 # A run that failed after good input (diverged, disk full): for job scripts, not 1 nor 2.
@@ -50,13 +50,14 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 
 def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[..., int]:
-    """Wrap `main(argv)`: set up logging and torch's threads; `InputError` is one line and exit
-    2, `RunFailed` 3."""
+    """Wrap `main(argv)`: set up logging, torch's threads and extensions folder; `InputError`
+    is one line and exit 2, `RunFailed` 3."""
 
     @functools.wraps(main)
     def wrapper(argv: list[str] | None = None) -> int:
         setup_logging()
         use_allotted_cores()
+        build_extensions_in_this_environment()
         try:
             return main(argv) or 0
         except (InputError, RunFailed) as err:

@@ -66,3 +66,12 @@ def use_allotted_cores() -> None:
     os.environ["OMP_NUM_THREADS"] = allotted  # torch, and any worker process, reads it
     if "torch" in sys.modules:  # already imported: it has read the variable
         sys.modules["torch"].set_num_threads(int(allotted))
+
+
+def build_extensions_in_this_environment() -> None:
+    """Torch's JIT-built extensions (DeepSpeed's CPU communication op, `deepspeed_shm_comm`) in
+    this Python environment's folder, built once: in the home's shared ~/.cache/torch_extensions
+    each checkout's venv rebuilds the op over the other's, minutes before the first step, under
+    a file lock. TORCH_EXTENSIONS_DIR, when set, wins; a read-only environment keeps torch's."""
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and os.access(sys.prefix, os.W_OK):
+        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(sys.prefix, "torch_extensions")
