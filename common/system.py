@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import platform
 import sys
@@ -18,6 +19,8 @@ TRACKED_LIBRARIES = (
     "torchmetrics",
     "tensorboard",
 )
+
+logger = logging.getLogger(__name__)
 
 
 def library_versions() -> dict[str, str]:
@@ -55,17 +58,48 @@ def hardware_description() -> dict[str, object]:
     return info
 
 
+def threads_for_load(cores: int, load: float, local_processes: int) -> int:
+    """Threads for one of `local_processes` processes on `cores` cores kept busy by `load` (the
+    1-minute average, whole cores counted): those it leaves free, shared, at least one."""
+    return max(1, (cores - int(load)) // local_processes)
+
+
 def use_allotted_cores() -> None:
-    """Torch's threads: the cores Slurm gave this task (SLURM_CPUS_PER_TASK), not the whole
-    node's. Torch already follows the CPU affinity (taskset, Slurm's core binding); where Slurm
-    does not bind, a thread per core of a busy node waits on the others (docs/SLURM.md: 4-5x
-    slower). OMP_NUM_THREADS, when set, wins."""
-    allotted = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if "OMP_NUM_THREADS" in os.environ or not allotted.isdigit() or int(allotted) < 1:
-        return
-    os.environ["OMP_NUM_THREADS"] = allotted  # torch, and any worker process, reads it
-    if "torch" in sys.modules:  # already imported: it has read the variable
-        sys.modules["torch"].set_num_threads(int(allotted))
+    """Torch's threads for the node a run finds: the cores Slurm gave its task
+    (SLURM_CPUS_PER_TASK), else the affinity mask where it is narrower than the machine
+    (taskset, Slurm's binding, a container's cpuset: the load average counts the whole
+    machine), else the cores the load leaves free (a thread per core of a busy node waits on
+    the others: docs/SLURM.md); shared by the node's processes (LOCAL_WORLD_SIZE), within the
+    mask always. OMP_NUM_THREADS, when set, wins, within the mask."""
+    affinity = len(os.sched_getaffinity(0))
+    asked, allotted, local = (
+        int(value) if (value := os.environ.get(name, "")).isdigit() and int(value) > 0 else None
+        for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK", "LOCAL_WORLD_SIZE")
+    )
+    local = local or 1
+    if asked is not None:
+        threads, reason = min(asked, affinity), ""
+    elif allotted is not None or affinity < (os.cpu_count() or affinity):
+        threads = threads_for_load(min(allotted or affinity, affinity), 0, local)
+        reason = f"SLURM_CPUS_PER_TASK={allotted}" if allotted else "the affinity mask"
+    else:
+        load = os.getloadavg()[0]
+        threads = threads_for_load(affinity, load, local)
+        reason = f"load {load:.1f} leaves {max(affinity - int(load), 0)} free"
+    if asked is None and threads < affinity:
+        shared = f", {local} processes on this node" if local > 1 else ""
+        logger.info(
+            "using %d of %d cores (%s%s); set OMP_NUM_THREADS to choose",
+            threads, affinity, reason, shared,
+        )  # fmt: skip
+    if asked is None and allotted is None and threads == affinity:
+        return  # torch's default already follows the mask
+    # This process's own: once torch is imported (it read the variable then) not exported, so
+    # that a launcher's processes each take their share rather than inherit it as asked.
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def build_extensions_in_this_environment() -> None:

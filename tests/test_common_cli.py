@@ -3,7 +3,6 @@ dataclass, every option of ours in it; `--help-all` for the library's others."""
 
 import dataclasses
 import importlib
-import os
 import re
 import subprocess
 import sys
@@ -563,21 +562,3 @@ def test_atomic_dir_refuses_existing_unless_overwrite(tmp_path):
     with atomic_dir(target, overwrite=True) as tmp:
         write_json_atomic(tmp / "a.json", {"ok": True})
     assert (target / "a.json").read_text().startswith("{")
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: torch's default is 1")
-def test_an_entry_point_takes_the_cores_slurm_gave_its_task_unless_omp_num_threads_is_set():
-    code = (
-        "import torch\nfrom common.cli import entry_point\n"
-        "entry_point(lambda argv: print(torch.get_num_threads(), flush=True))([])"
-    )
-    env = {key: value for key, value in subprocess_env().items() if key != "OMP_NUM_THREADS"}
-
-    def threads(**variables: str) -> str:
-        command = [sys.executable, "-c", code]
-        finished = subprocess.run(command, env={**env, **variables}, capture_output=True, text=True)
-        return finished.stdout.strip()
-
-    assert int(threads()) > 1  # torch's default: a thread per core it may run on
-    assert threads(SLURM_CPUS_PER_TASK="1") == "1"
-    assert threads(SLURM_CPUS_PER_TASK="1", OMP_NUM_THREADS="2") == "2"
