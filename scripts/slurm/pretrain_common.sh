@@ -5,7 +5,8 @@
 # Variables (with defaults):
 #   PYTHON=.venv/bin/python        interpreter with the project installed (python3 if no .venv)
 #   CONFIG=pretrain/configs/gpt2_117m.yaml   Trainer YAML (model, data, optimisation)
-#   OUTPUT_DIR=runs/gpt2_117m-<job id>       run folder; a requeued job keeps its id and resumes
+#   OUTPUT_DIR=runs/<CONFIG's name>-<job id>   run folder (runs/gpt2_117m-<job id>); a
+#                                  requeued job keeps its id and resumes
 #   USE_CPU=false                  true: train on the node's CPU (fp32) whether it has a GPU or
 #                                  not; a CONFIG with use_cpu: true (tiny.yaml) does the same
 #   MIXED_PRECISION=no             bf16 | fp16 | no; "no" lets pretrain/run.py choose from the
@@ -26,7 +27,7 @@ if [[ -z "${PYTHON:-}" ]]; then
     [[ -x .venv/bin/python ]] && PYTHON=.venv/bin/python
 fi
 CONFIG="${CONFIG:-pretrain/configs/gpt2_117m.yaml}"
-OUTPUT_DIR="${OUTPUT_DIR:-runs/gpt2_117m-${SLURM_JOB_ID:-local}}"
+OUTPUT_DIR="${OUTPUT_DIR:-runs/$(basename "$CONFIG" .yaml)-${SLURM_JOB_ID:-local}}"
 MIXED_PRECISION="${MIXED_PRECISION:-no}"
 # The value of option $1 in CONFIG, else $2.
 config_value() {
