@@ -224,6 +224,11 @@ class PretrainTrainingArguments(TrainingArguments):
         help="Refuse to start without a usable CUDA GPU, in one line saying why, instead of "
         "training on the CPU; --use_cpu true still trains on the CPU.",
     )
+    check_free_memory: bool = HfArg(
+        default=True,
+        help="On the CPU, refuse a run whose first step needs more memory than is free when it "
+        "starts (it would meet the out-of-memory killer); false: start it anyway.",
+    )
     disable_tqdm: bool | None = HfArg(
         default=None,
         help="Hide the progress bars; default: hidden when stderr is not a terminal (a log "

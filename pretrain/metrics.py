@@ -30,6 +30,7 @@ from torch.utils.tensorboard import SummaryWriter
 from transformers import GPT2LMHeadModel, Trainer, TrainerCallback, TrainerControl, TrainerState
 from transformers.integrations import TensorBoardCallback
 
+from common.cli import InputError
 from common.run_contract import (
     GPT_TIME_BUDGET_PARTS,
     GPU_MEMORY_USED,
@@ -108,6 +109,20 @@ def cpu_run_estimate(args: PretrainArguments, model: GPT2LMHeadModel, tokens: in
         f"{hours:,.1f} hours ({tokens:,} tokens at {CPU_UTILISATION:g} of the {tflops:.2f} TFLOP/s "
         "of an fp32 matmul timed here); a GPU: check-gpu"
     )
+
+
+def refuse_cpu_run_over_free_memory(args: PretrainArguments, model: GPT2LMHeadModel) -> None:
+    """Before a CPU run's loop is built: a first step that needs more memory than is free now
+    stops in one line, where the out-of-memory killer would end it without one."""
+    needed = sum(memory_estimate(args, model, args.training.per_device_train_batch_size))
+    free = psutil.virtual_memory().available
+    if needed > free and args.training.check_free_memory:
+        raise InputError(
+            f"on the CPU, the first step needs about {needed / 2**30:.1f} GiB and "
+            f"{free / 2**30:.1f} GiB is free: train a config that fits "
+            "(pretrain/configs/tiny.yaml) or a smaller --per_device_train_batch_size, or pass "
+            "--check_free_memory false to start it anyway"
+        )
 
 
 def flops_per_token(model: GPT2LMHeadModel, sequence_length: int) -> float:

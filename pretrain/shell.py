@@ -55,6 +55,7 @@ from pretrain.metrics import (
     cpu_run_estimate,
     flops_per_token,
     job_peak_flops_per_second,
+    refuse_cpu_run_over_free_memory,
 )
 from pretrain.model import build_model
 from pretrain.parallel.strategy import Strategy, check_processes_joined
@@ -162,9 +163,10 @@ class RunShell:
         if args.model.loss_implementation == "chunked":
             use_chunked_loss(model)
         setup = self.describe(model)
-        if training_args.device.type == "cpu" and is_main:
+        if training_args.device.type == "cpu":
+            refuse_cpu_run_over_free_memory(args, model)
             tokens = plan.schedule.tokens_between(plan.resumed_from_step, plan.schedule.max_steps)
-            if estimate := cpu_run_estimate(args, model, tokens):
+            if is_main and (estimate := cpu_run_estimate(args, model, tokens)):
                 logger.warning(estimate)
         budget.lap(TIME_MODEL)
         compile_cache = None

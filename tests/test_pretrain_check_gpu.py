@@ -8,11 +8,13 @@ import math
 import re
 from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 from pretrain_runs import TINY_CONFIG
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
+from common.cli import InputError
 from pretrain.args import PretrainArguments
 from pretrain.check_gpu import gpu_lines, main, memory_line, meta_model, sdpa_line
 from pretrain.device import cuda_unusable_reason
@@ -23,6 +25,7 @@ from pretrain.metrics import (
     memory_estimate,
     model_flops_utilization,
     predicted_loop_seconds,
+    refuse_cpu_run_over_free_memory,
 )
 from pretrain.model import build_model_config
 
@@ -105,6 +108,17 @@ def test_a_long_cpu_run_is_estimated_in_one_line_and_a_short_one_not_timed(cours
     slowest = loop_hours(rate - half_unit) if rate > half_unit else math.inf
     assert loop_hours(rate + half_unit) - 0.05 <= float(hours.replace(",", "")) <= slowest + 0.05
     assert cpu_run_estimate(args, model, 1024) is None  # seconds of work: no matmul timed
+
+
+def test_a_cpu_run_needing_more_memory_than_this_machine_has_is_refused_unless_asked():
+    flags = ("--tokenizer_dir", "missing", "--per_device_train_batch_size", "4096")
+    args, model = course_run(*flags)
+    assert sum(memory_estimate(args, model, 4096)) > psutil.virtual_memory().total
+    with pytest.raises(InputError, match=r"GiB is free: .*tiny\.yaml.*--check_free_memory false"):
+        refuse_cpu_run_over_free_memory(args, model)
+    refuse_cpu_run_over_free_memory(*course_run(*flags, "--check_free_memory", "false"))
+    (tiny,) = PretrainArguments.parse(["--config", str(TINY_CONFIG)])
+    refuse_cpu_run_over_free_memory(tiny, meta_model(tiny))  # a few MB
 
 
 def test_memory_grows_with_the_batch_by_the_activations_alone(course):
