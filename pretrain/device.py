@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 
 import torch
 from accelerate.commands.config import default_config_file
@@ -31,8 +32,14 @@ def cuda_unusable_reason() -> str | None:
         # The driver's CUDA version as torch reports it (cudaDriverGetVersion: 12080 is 12.8).
         too_old = re.search(r"driver on your system is too old \(found version (\d+)\)", str(err))
         if too_old is None:
-            where = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible})"
-            return f'torch says "{str(err).split(". ")[0].rstrip(".")}"{where}: {ASK_FOR_A_GPU}'
+            said = f'torch says "{str(err).split(". ")[0].rstrip(".")}"'
+            if (given := gpu_given()) is None:
+                where = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible})"
+                return f"{said}{where}: {ASK_FOR_A_GPU}"
+            look = "nvidia-smi on this node shows what the driver sees (the GPU, its CUDA, users)"
+            if shutil.which("nvidia-smi") is None:
+                look = "this node has no NVIDIA driver (no nvidia-smi); run on one that has it"
+            return f"{said}, though {given} gives this job a GPU: {look}"
         found = int(too_old[1])
         return (
             f"the NVIDIA driver supports CUDA {found // 1000}.{found % 1000 // 10}, too old for "
@@ -40,6 +47,17 @@ def cuda_unusable_reason() -> str | None:
             "driver or install a torch built for its CUDA (docs/INSTALL.md)"
         )
     return None
+
+
+def gpu_given() -> str | None:
+    """`NAME=value` of what gives this process a GPU (CUDA_VISIBLE_DEVICES naming one, Slurm's
+    GPUs of the job), or None: no driver then means a node without one, not a job without."""
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS"):  # lists of GPUs
+        value = os.environ.get(name, "").strip()
+        if value and not value.startswith("-"):  # -1 hides every GPU
+            return f"{name}={value}"
+    count = os.environ.get("SLURM_GPUS_ON_NODE", "")
+    return f"SLURM_GPUS_ON_NODE={count}" if count.isdigit() and int(count) > 0 else None
 
 
 def check_gpu_when_required(use_cpu: bool, require_gpu: bool) -> None:

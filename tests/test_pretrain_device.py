@@ -16,6 +16,7 @@ from pretrain_runs import REPO_ROOT, RUN_SCRIPT, TINY_CONFIG, subprocess_env
 
 from common.cli import InputError
 from pretrain.device import (
+    ASK_FOR_A_GPU,
     GPU_REQUIRED_VARIABLE,
     check_gpu_when_required,
     cuda_unusable_reason,
@@ -45,7 +46,8 @@ def cuda_init_raising(monkeypatch, message: str) -> None:
     def init():
         raise RuntimeError(message)
 
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "init", init)
 
 
@@ -69,6 +71,31 @@ def test_no_driver_and_no_device_are_torch_s_words_and_ask_for_a_gpu(monkeypatch
     assert cuda_unusable_reason().startswith(
         'torch says "No CUDA GPUs are available" (CUDA_VISIBLE_DEVICES=-1): ask the job'
     )
+
+
+def test_a_job_given_a_gpu_without_a_usable_driver_is_told_to_look_at_the_node(
+    monkeypatch, tmp_path
+):
+    cuda_init_raising(monkeypatch, "Found no NVIDIA driver on your system. Please check that...")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    for name, value in [("CUDA_VISIBLE_DEVICES", "0"), ("SLURM_GPUS_ON_NODE", "1")]:
+        with monkeypatch.context() as given:
+            given.setenv(name, value)
+            reason = cuda_unusable_reason()
+        assert reason == (
+            f'torch says "Found no NVIDIA driver on your system", though {name}={value} gives '
+            "this job a GPU: this node has no NVIDIA driver (no nvidia-smi); run on one that has it"
+        )
+    nvidia_smi = tmp_path / "nvidia-smi"
+    nvidia_smi.write_text("#!/bin/sh\n")
+    nvidia_smi.chmod(0o755)  # a driver's tool is there: what the driver sees is the question
+    monkeypatch.setenv("SLURM_JOB_GPUS", "2")
+    assert "SLURM_JOB_GPUS=2 gives this job a GPU: nvidia-smi on this node shows" in (
+        cuda_unusable_reason()
+    )
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "0")  # a count: none given
+    monkeypatch.delenv("SLURM_JOB_GPUS")
+    assert cuda_unusable_reason().endswith(ASK_FOR_A_GPU)
 
 
 def test_an_empty_cuda_visible_devices_and_a_torch_without_cuda(no_gpu_visible, monkeypatch):
