@@ -243,6 +243,8 @@ class PretrainTrainingArguments(TrainingArguments):
         if self.disable_tqdm is None:
             self.disable_tqdm = not sys.stderr.isatty()
         super().__post_init__()
+        if self.use_cpu:  # transformers pins no memory then: no copy to a device to overlap
+            self.accelerator_config.non_blocking = False
         check_ranges(vars(self), TRAINING_RANGES)
         check_ranges(self.lr_scheduler_kwargs or {}, SCHEDULE_RANGES, "lr_scheduler_kwargs.{}")
         if "tensorboard" not in self.report_to:

@@ -121,6 +121,15 @@ def test_a_cpu_run_needing_more_memory_than_this_machine_has_is_refused_unless_a
     refuse_cpu_run_over_free_memory(tiny, meta_model(tiny))  # a few MB
 
 
+def test_the_course_config_s_asynchronous_copies_are_off_on_the_cpu(course):
+    """They need pinned memory, which transformers turns off there (its notice said so)."""
+    args, _ = course
+    assert args.training.accelerator_config.non_blocking and args.training.dataloader_pin_memory
+    (cpu,) = PretrainArguments.parse(["--config", str(COURSE_CONFIG), "--use_cpu", "true"])
+    assert not cpu.training.accelerator_config.non_blocking
+    assert not cpu.training.dataloader_pin_memory
+
+
 def test_memory_grows_with_the_batch_by_the_activations_alone(course):
     states, activations, loss = memory_estimate(*course, 32)
     assert memory_estimate(*course, 64) == [states, 2 * activations, loss]
