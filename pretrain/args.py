@@ -2,8 +2,9 @@
 
 Each dataclass checks its own values when it is created (`InputError`), before anything is read
 or written. The precision is said once (`resolve_precision`): by the accelerate config when it
-names bf16/fp16, else by `--bf16`/`--fp16`, else by the hardware (bf16 where the GPU has it,
-fp16 on older GPUs, fp32 on CPU); the launcher's "no" means "not decided", not "fp32".
+names bf16/fp16 (on the CPU, a CPU launch's only), else by `--bf16`/`--fp16`, else by the
+hardware (bf16 where the GPU has it, fp16 on older GPUs, fp32 on CPU); the launcher's "no"
+means "not decided", not "fp32".
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, NamedTuple, get_type_hints
 
 import torch
+from accelerate.utils import parse_flag_from_env
 from huggingface_hub import get_token
 from huggingface_hub.constants import HF_HUB_OFFLINE
 from transformers import GPT2Config, PreTrainedTokenizerBase, TrainingArguments
@@ -376,6 +378,8 @@ class PrecisionChoice:
 def resolve_precision(training_args: TrainingArguments) -> PrecisionChoice:
     """Decide bf16/fp16/fp32 and TF32, write the choice into `training_args`, and return it."""
     launcher = os.environ.get(LAUNCHER_PRECISION_VARIABLE, "no").lower()
+    if training_args.device.type != "cuda" and not parse_flag_from_env("ACCELERATE_USE_CPU"):
+        launcher = "no"  # a GPU launch's config on the CPU (--use_cpu true): fp32, as CPU launches
     flag = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else None
     if launcher != "no" and flag and launcher != flag:
         raise InputError(

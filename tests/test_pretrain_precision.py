@@ -32,14 +32,27 @@ def test_launcher_no_means_undecided_and_a_flag_decides(tmp_path, monkeypatch):
 
 def test_the_accelerate_config_decides_when_it_names_a_precision(tmp_path, monkeypatch):
     monkeypatch.setenv(LAUNCHER_PRECISION_VARIABLE, "fp16")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # a CPU launch (--cpu, cpu.yaml)
     arguments = cpu_arguments(tmp_path)
     choice = resolve_precision(arguments)
     assert (choice.mixed_precision, choice.source) == ("fp16", "accelerate config")
     assert arguments.fp16 and arguments.mixed_precision == "fp16"
 
 
+def test_a_gpu_config_s_precision_on_the_cpu_is_fp32_as_the_slurm_scripts_train(
+    tmp_path, monkeypatch
+):
+    """single_gpu.yaml's bf16 with --use_cpu true, as `USE_CPU=true sbatch` (--mixed_precision
+    no): fp32 both ways."""
+    monkeypatch.setenv(LAUNCHER_PRECISION_VARIABLE, "bf16")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    choice = resolve_precision(cpu_arguments(tmp_path))
+    assert (choice.mixed_precision, choice.source) == ("no", "automatic (cpu: fp32)")
+
+
 def test_two_different_precisions_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv(LAUNCHER_PRECISION_VARIABLE, "bf16")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
     with pytest.raises(InputError, match="accelerate config says bf16 and the command line says"):
         resolve_precision(cpu_arguments(tmp_path, fp16=True))
 
