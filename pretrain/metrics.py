@@ -27,10 +27,18 @@ import torch.distributed as dist
 from accelerate.utils import gather_object
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
-from transformers import GPT2LMHeadModel, Trainer, TrainerCallback, TrainerControl, TrainerState
+from transformers import (
+    GPT2LMHeadModel,
+    PrinterCallback,
+    ProgressCallback,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
 from transformers.integrations import TensorBoardCallback
 
-from common.cli import InputError
+from common.cli import InputError, elapsed_and_left
 from common.run_contract import (
     GPT_TIME_BUDGET_PARTS,
     GPU_MEMORY_USED,
@@ -369,13 +377,13 @@ class LoopClock:
         self.first_step_seconds: float | None = None
         self.ranks: list[dict[str, Any]] = []
         self._window_start = 0.0
-        self._window_step = 0
+        self._window_step = self.start_step = 0
 
     def start(self, step: int) -> None:
         self.budget.lap(TIME_LOOP_SETUP)
         self.budget.graphs_at_loop_start = graphs_compiled()
         self.loop_start = self._window_start = time.perf_counter()
-        self._window_step = step
+        self._window_step = self.start_step = step
 
     def step_done(self) -> None:
         if self.first_step_seconds is None and self.loop_start is not None:
@@ -402,6 +410,23 @@ class LoopClock:
             write_nvidia_smi_snapshot(self.snapshot_path)
         return scalars
 
+    def progress_line(
+        self, step: int, loss: float, learning_rate: float, scalars: dict[str, float]
+    ) -> str:
+        """What both loops log at a logging step, from its `window` scalars: `step 16/184: loss
+        6.5630, lr 9.6e-04, 41,200 tokens/s, mfu 31%, 2m10s elapsed, 14m40s left` (MFU where
+        the peak is known; the time left at this session's pace)."""
+        max_steps = self.schedule.max_steps
+        parts = [f"step {step}/{max_steps}: loss {loss:.4f}", f"lr {learning_rate:.1e}"]
+        if scalars.get(TOKENS_PER_SECOND) is not None:
+            parts.append(f"{scalars[TOKENS_PER_SECOND]:,.0f} tokens/s")
+        if MFU in scalars:
+            parts.append(f"mfu {scalars[MFU]:.0%}")
+        elapsed = time.perf_counter() - (self.loop_start or time.perf_counter())
+        done = step - self.start_step
+        parts.append(elapsed_and_left(elapsed, done, max_steps - self.start_step))
+        return ", ".join(parts)
+
     def stop(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """End the loop's time and gather every process's footprint, before the final save and
         the evaluation gather sharded weights."""
@@ -412,7 +437,8 @@ class LoopClock:
 
 
 class ThroughputCallback(TrainerCallback):
-    """`LoopClock` in Trainer's loop: its window scalars go to Trainer's TensorBoard writer."""
+    """`LoopClock` in Trainer's loop: its window scalars go to Trainer's TensorBoard writer, its
+    progress line to the log (rank 0)."""
 
     def __init__(self, tensorboard: TensorBoardCallback | None, clock: LoopClock) -> None:
         self.tensorboard = tensorboard
@@ -428,8 +454,15 @@ class ThroughputCallback(TrainerCallback):
         if not logs or "loss" not in logs:
             return  # evaluation or end-of-training summaries
         scalars = self.clock.window(state.global_step)
+        if not state.is_world_process_zero:
+            return
+        logger.info(
+            self.clock.progress_line(
+                state.global_step, logs["loss"], logs["learning_rate"], scalars
+            )
+        )
         writer = self.tensorboard.tb_writer if self.tensorboard else None
-        if state.is_world_process_zero and writer is not None:
+        if writer is not None:
             for tag, value in scalars.items():
                 writer.add_scalar(tag, value, state.global_step)
 
@@ -437,9 +470,20 @@ class ThroughputCallback(TrainerCallback):
         self.clock.stop(model, optimizer)
 
 
+class ProgressBar(ProgressCallback):
+    """Trainer's progress bar (a terminal's) without its dict of logs: our line says them."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass
+
+
 def clock_trainer(trainer: Trainer, clock: LoopClock, log_dir: Path, start_step: int) -> None:
-    """Time `trainer`'s loop with `clock`, its scalars into Trainer's TensorBoard writer; for a
-    resumed run, `purge_step` drops the events written after its last checkpoint."""
+    """Time `trainer`'s loop with `clock`, its scalars into Trainer's TensorBoard writer and its
+    progress lines in place of Trainer's printed dicts; for a resumed run, `purge_step` drops
+    the events written after its last checkpoint."""
+    trainer.remove_callback(PrinterCallback)
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(ProgressBar)
     callbacks = trainer.callback_handler.callbacks
     tensorboard = next((c for c in callbacks if isinstance(c, TensorBoardCallback)), None)
     trainer.add_callback(ThroughputCallback(tensorboard, clock))

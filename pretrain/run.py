@@ -27,6 +27,7 @@ except ModuleNotFoundError as missing:
     )
     raise SystemExit(2) from None
 from torch.utils.data import DataLoader
+from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import GPT2LMHeadModel, Trainer
 
 from common.cli import InputError
@@ -82,7 +83,8 @@ class TrainerRun(RunShell):
 
     def train(self) -> None:
         resume = self.plan.resume_checkpoint
-        self.trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        with logging_redirect_tqdm():  # log lines above a terminal's progress bar, not through it
+            self.trainer.train(resume_from_checkpoint=str(resume) if resume else None)
 
     def write_final_model(self, directory: str) -> None:
         self.trainer.save_model(directory)

@@ -276,10 +276,8 @@ class ModelParallelRun(RunShell):
             window_losses.clear()
             self.logged_losses.append(window_loss)
             scalars |= {TRAIN_LOSS: window_loss, GRAD_NORM: grad_norm, LEARNING_RATE: learning_rate}
-            logger.info(
-                "step %d/%d: loss %.4f, grad norm %.3f", step, max_steps, window_loss, grad_norm
-            )
-            if writer is not None:
+            if writer is not None:  # the loss rank's line alone, not one per process
+                logger.info(clock.progress_line(step, window_loss, learning_rate, scalars))
                 for tag, value in scalars.items():
                     writer.add_scalar(tag, value, step)
         clock.stop(local.module, optimizer)

@@ -3,6 +3,7 @@ same global batch, and really in sync."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -70,6 +71,9 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(
     single_losses = logged_losses(single_dir / f"checkpoint-{NUM_STEPS}")
     ddp_losses = logged_losses(ddp_dir / f"checkpoint-{NUM_STEPS}")
     assert [step for step, _ in ddp_losses] == [step for step, _ in single_losses]
+    # One progress line per logging step, rank 0's alone.
+    progress = re.findall(rf"pretrain\.metrics: step (\d+)/{NUM_STEPS}: ", result.stderr)
+    assert [int(step) for step in progress] == [step for step, _ in ddp_losses]
     assert [loss for _, loss in ddp_losses] == pytest.approx(
         [loss for _, loss in single_losses], abs=1e-4
     )

@@ -3,6 +3,8 @@ every split matrix."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from parallel_runs import (
@@ -52,6 +54,9 @@ def tensor_parallel(data_paths, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("tensor_parallel")
     result = launch_model_parallel(model_parallel_argv(data_paths, output_dir, strategy="tp"))
     assert result.returncode == 0, result.stderr[-3000:]
+    # A progress line per logged step from the loss rank alone, not one per process.
+    progress = re.findall(rf" INFO \S+: step (\d+)/{NUM_STEPS}: loss ", result.stderr)
+    assert [int(step) for step in progress] == list(range(1, NUM_STEPS + 1))
     return output_dir
 
 

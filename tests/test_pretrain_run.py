@@ -78,6 +78,14 @@ LIBRARY_NOISE = (
     "recompile_limit",  # dynamo: our one line says it, with its reason
 )
 
+# The line both loops log at a logging step (MFU only where the peak is known); 12s, 2m10s, 1h02m.
+DURATION = r"\d+(?:s|m\d\ds|h\d\dm)"
+PROGRESS_LINE = re.compile(
+    rf"INFO pretrain\.metrics: step (\d+)/{NUM_BLOCKS // 4}: loss \d+\.\d{{4}}, lr \d\.\de-\d\d, "
+    rf"[\d,]+ tokens/s, mfu \d+%, {DURATION} elapsed, {DURATION} left$",
+    re.MULTILINE,
+)
+
 
 @pytest.fixture(scope="module")
 def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
@@ -215,6 +223,10 @@ def test_a_tiny_run_logs_our_lines_and_no_library_noise(tiny_run_process):
     # A clean run gives no warning of ours (a library's new deprecation is not this test's).
     assert [line for line in log.splitlines() if " WARNING pretrain." in line] == []
     assert "INFO pretrain.model: GPT-2 2 layers x 64 wide" in finished.stderr
+    # One progress line per logging step, ours, with every field (MFU: the peak is given).
+    steps = [int(step) for step in PROGRESS_LINE.findall(finished.stderr)]
+    assert steps == [1, *range(2, NUM_BLOCKS // 4 + 1, 2)]
+    assert "{'loss'" not in log
     assert f"run folder {tiny_run_process[0]}" in finished.stdout
     assert "(below 7; predicted 5.50 +- 0.25), eval loss" in finished.stdout  # the headline
 
