@@ -96,6 +96,7 @@ class TextSource:
     is_jsonl: bool
     open_binary: Callable[[], AbstractContextManager[IO[bytes]]]
     locate: Callable[[str], TextSource | None]
+    num_bytes: int  # as stored, uncompressed: an upper bound of the text's
     in_zip: bool = False  # zip data is checked (CRC) only once read to its end
 
 
@@ -183,6 +184,11 @@ def corpus_fingerprint(args: CorpusArguments) -> str:
             for chunk in iter(lambda handle=handle: handle.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def corpus_bytes(args: CorpusArguments) -> int:
+    """The input files' bytes, uncompressed, before reading them: at least the documents'."""
+    return sum(source.num_bytes for source in resolve_sources(args))
 
 
 def check_and_log_counts(stats: CorpusStats, log: bool = True) -> None:
@@ -322,6 +328,7 @@ def file_source(path: Path) -> TextSource:
         is_jsonl=path.suffix == ".jsonl",
         open_binary=lambda: path.open("rb"),
         locate=locate,
+        num_bytes=path.stat().st_size,
     )
 
 
@@ -405,5 +412,6 @@ def _zip_member_source(member: zipfile.Path, archive_label: str) -> TextSource:
         is_jsonl=False,
         open_binary=lambda: member.open("rb"),
         locate=locate,
+        num_bytes=member.root.getinfo(member.at).file_size,
         in_zip=True,
     )

@@ -12,7 +12,13 @@ import pytest
 from labelled_wos import write_bytes, zip_folder
 
 from common.cli import InputError
-from common.corpus import CorpusArguments, CorpusStats, corpus_fingerprint, iter_documents
+from common.corpus import (
+    CorpusArguments,
+    CorpusStats,
+    corpus_bytes,
+    corpus_fingerprint,
+    iter_documents,
+)
 
 
 def read_all(*paths, **options) -> list[str]:
@@ -53,6 +59,10 @@ def test_every_input_form_gives_the_same_documents(
     assert read_all(nested_folder) == expected
     assert read_all(wos_corpus_dir / "WOS46985" / "X.txt") == expected
     assert read_all(jsonl) == expected
+    # Known before reading: the text's bytes as stored, uncompressed in a zip too.
+    text_bytes = (wos_corpus_dir / "WOS46985" / "X.txt").stat().st_size
+    for path in (wos_corpus_dir, wos_zip, outer_zip, nested_folder):
+        assert corpus_bytes(CorpusArguments(corpus=[str(path)])) == text_bytes
 
 
 def test_subset_choice_and_unknown_subset(wos_corpus_dir, wos_zip, wos_documents):

@@ -283,29 +283,62 @@ def test_budget_keeps_exactly_ceil_blocks_of_the_packed_ones(built, corpus_args,
     )
 
 
-def test_too_small_corpus_for_budget_is_an_error_unless_repeated(
-    built, corpus_args, tmp_path, tiny_tokenizer_dir, wos_corpus_dir, capsys
+def budget_argv(corpus_dir, tokenizer_dir, cache_dir, budget):
+    return ["--corpus", str(corpus_dir), "--tokenizer_dir", str(tokenizer_dir),
+            "--cache_dir", str(cache_dir), "--block_size", str(BLOCK_SIZE),
+            "--max_train_tokens", str(budget)]  # fmt: skip
+
+
+def test_a_split_a_little_short_of_the_budget_repeats_only_what_is_missing_in_one_line(
+    built, tmp_path, tiny_tokenizer_dir, wos_corpus_dir, capsys, caplog
+):
+    num_train_tokens = read_stats(built[1])["splits"]["train"]["num_tokens"]
+    budget = int(1.1 * num_train_tokens)
+    argv = budget_argv(wos_corpus_dir, tiny_tokenizer_dir, tmp_path / "cache", budget)
+    with caplog.at_level(logging.INFO, logger="pretrain.blocks.packing"):
+        code, out, _ = run_main(argv, capsys)
+    assert code == 0
+    train = block_array(load_blocks(out.strip())["train"])
+    num_packed = read_stats(out.strip())["splits"]["train"]["num_packed_blocks"]
+    assert len(train) == num_budget_blocks(budget, BLOCK_SIZE) > num_packed
+    (line,) = [message for message in caplog.messages if "repeating" in message]
+    assert f"gives {num_packed * BLOCK_SIZE:,} of the budget's {len(train) * BLOCK_SIZE:,}" in line
+    assert f"repeating {(len(train) - num_packed) * BLOCK_SIZE:,} of them" in line
+    # Every packed block once, and only the missing ones a second time.
+    counts = np.unique(train, axis=0, return_counts=True)[1]
+    assert len(counts) == num_packed and sorted(set(counts)) == [1, 2]
+    assert (counts == 2).sum() == len(train) - num_packed
+
+
+def test_a_split_far_short_of_the_budget_is_an_error_unless_repeated(
+    built, tmp_path, tiny_tokenizer_dir, wos_corpus_dir, capsys
+):
+    num_train_tokens = read_stats(built[1])["splits"]["train"]["num_tokens"]
+    argv = budget_argv(
+        wos_corpus_dir, tiny_tokenizer_dir, tmp_path / "cache", int(1.35 * num_train_tokens)
+    )
+    code, out, err = run_main(argv, capsys)
+    assert code == 2 and out == ""
+    (error,) = error_lines(err)
+    assert f"{num_train_tokens:,} tokens" in error and "25% short" in error
+    assert "--repeat_corpus" in error
+    assert not any((tmp_path / "cache").glob("blocks-*"))
+
+
+def test_a_corpus_far_too_small_is_refused_from_its_bytes_before_it_is_read_unless_repeated(
+    built, tmp_path, tiny_tokenizer_dir, wos_corpus_dir, capsys, caplog
 ):
     num_train_tokens = read_stats(built[1])["splits"]["train"]["num_tokens"]
     budget = 3 * num_train_tokens
-    argv = [
-        "--corpus",
-        str(wos_corpus_dir),
-        "--tokenizer_dir",
-        str(tiny_tokenizer_dir),
-        "--cache_dir",
-        str(tmp_path / "cache"),
-        "--block_size",
-        str(BLOCK_SIZE),
-        "--max_train_tokens",
-        str(budget),
-    ]
-    code, out, err = run_main(argv, capsys)
+    argv = budget_argv(wos_corpus_dir, tiny_tokenizer_dir, tmp_path / "cache", budget)
+    with caplog.at_level(logging.INFO, logger="common.corpus"):
+        code, out, err = run_main(argv, capsys)
     assert code == 2 and out == ""
-    assert len(error_lines(err)) == 1
-    assert f"{num_train_tokens:,} tokens" in error_lines(err)[0]
-    assert "--repeat_corpus" in error_lines(err)[0]
-    assert not any((tmp_path / "cache").glob("blocks-*"))
+    (error,) = error_lines(err)
+    (text_file,) = wos_corpus_dir.rglob("WOS46985/X.txt")  # the subset read by default
+    num_bytes = text_file.stat().st_size
+    assert f"holds {num_bytes:,} bytes" in error and "--repeat_corpus" in error
+    assert not [message for message in caplog.messages if message.startswith("reading")]
 
     code, out, _ = run_main([*argv, "--repeat_corpus"], capsys)
     assert code == 0

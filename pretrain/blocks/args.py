@@ -34,8 +34,9 @@ class DataArguments:
     )
     repeat_corpus: bool = HfArg(
         default=False,
-        help="Allow a corpus smaller than --max_train_tokens: repeat it (reshuffled each "
-        "pass) to fill the budget. Without it a too-small corpus is an error.",
+        help="Allow a corpus of any size below --max_train_tokens: repeat it (reshuffled "
+        "each pass) to fill the budget. Without it a training split up to 25%% short is "
+        "topped up so (in one line) and a shorter one is an error.",
     )
     split_seed: int = HfArg(
         default=0,

@@ -19,8 +19,11 @@ holds them: pretrain/blocks/cache.py), in the order they are applied:
 5. `--max_train_tokens` keeps exactly `ceil(max_train_tokens / block_size)` training blocks,
    the first of a shuffle of the packed blocks seeded by `--split_seed`: a uniform sample of
    the corpus, a smaller budget's blocks a prefix of a larger one's. Fewer blocks than the
-   budget is an error unless `--repeat_corpus`: then further shuffles follow until the budget
-   is filled. Without a budget all training blocks are kept, in stream order.
+   budget: further shuffles follow until the budget is filled, so only what is missing is
+   repeated, and a line says how much; without `--repeat_corpus` only up to `MAX_TOP_UP` of
+   the budget (more is an error, and a corpus whose bytes cannot give the rest even at
+   `MIN_BYTES_PER_TOKEN` is refused before it is read). Without a budget all training blocks
+   are kept, in stream order.
 6. Only `input_ids` is stored (int32, length `block_size`); the model shifts the labels.
 
 Memory does not grow with the corpus: token ids go to files in the unfinished cache folder as
@@ -45,7 +48,13 @@ import numpy as np
 import pyarrow as pa
 
 from common.cli import InputError
-from common.corpus import CorpusArguments, CorpusStats, document_hash, iter_documents
+from common.corpus import (
+    CorpusArguments,
+    CorpusStats,
+    corpus_bytes,
+    document_hash,
+    iter_documents,
+)
 from common.files import file_digests, write_json_atomic
 from common.run_contract import DOCUMENT_SPLIT_FILE
 from common.system import library_versions
@@ -66,6 +75,12 @@ BATCH_BLOCKS = 1000  # blocks per Arrow record batch, the most in memory while w
 # Token streams spilled into the unfinished cache folder while building, removed before the end.
 STREAM_FILE = "{}.int32"
 ROUTE_CHUNK_TOKENS = 1 << 20
+# The share of the budget repeated without --repeat_corpus: the course's 12M tokens on a
+# corpus, or a tokenizer, that gives a little less (docs/PRETRAINING.md, "The real corpus").
+MAX_TOP_UP = 0.25
+# Fewer bytes a token than any tokenizer measured here gives on English (2.28 at 512 tokens of
+# vocabulary, 3.24 at 2,048, 4.61 at 32,768): a corpus's bytes at this rate bound its tokens.
+MIN_BYTES_PER_TOKEN = 2
 
 
 def num_budget_blocks(max_train_tokens: int, block_size: int) -> int:
@@ -81,6 +96,8 @@ def build_blocks(
     context: dict[str, Any],
 ) -> None:
     """Read, tokenize, split, pack and save into `folder`, stats.json last."""
+    if data_args.max_train_tokens is not None and not data_args.repeat_corpus:
+        check_corpus_can_fill(corpus_args, data_args)
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     corpus_stats = CorpusStats()
@@ -118,12 +135,21 @@ def build_blocks(
     selected = {split: np.arange(n) for split, n in num_packed.items()}
     if data_args.max_train_tokens is not None:
         num_selected = num_budget_blocks(data_args.max_train_tokens, block_size)
-        if num_selected > num_packed["train"] and not data_args.repeat_corpus:
+        num_missing = num_selected - num_packed["train"]
+        if num_missing > MAX_TOP_UP * num_selected and not data_args.repeat_corpus:
             raise InputError(
                 f"the training split has {num_split_tokens['train']:,} tokens "
-                f"({num_packed['train']:,} blocks of {block_size}), fewer than "
-                f"--max_train_tokens {data_args.max_train_tokens:,} ({num_selected:,} blocks); "
-                "pass --repeat_corpus to repeat it, lower --max_train_tokens or add documents"
+                f"({num_packed['train']:,} blocks of {block_size}), more than {MAX_TOP_UP:.0%} "
+                f"short of --max_train_tokens {data_args.max_train_tokens:,} ({num_selected:,} "
+                "blocks); pass --repeat_corpus to repeat it, lower --max_train_tokens or add "
+                "documents"
+            )
+        if num_missing > 0:
+            logger.info(
+                f"the training split gives {num_packed['train'] * block_size:,} of the "
+                f"budget's {num_selected * block_size:,} tokens; repeating "
+                f"{num_missing * block_size:,} of them ({num_missing / num_packed['train']:.0%}, "
+                "a seeded sample of its blocks)"
             )
         selected["train"] = select_training_blocks(
             num_packed["train"], num_selected, data_args.split_seed
@@ -197,6 +223,22 @@ def build_blocks(
         f"{split_stats['validation']['num_blocks']:,} validation blocks; unigram entropy "
         f"{train['unigram_entropy_nats']:.3f} nats"
     )
+
+
+def check_corpus_can_fill(corpus_args: CorpusArguments, data_args: DataArguments) -> None:
+    """Refuse, from the input files' bytes and before anything is read, a corpus that cannot
+    give the budget less `MAX_TOP_UP` even at `MIN_BYTES_PER_TOKEN`."""
+    budget = num_budget_blocks(data_args.max_train_tokens, data_args.block_size)
+    budget *= data_args.block_size
+    num_bytes = corpus_bytes(corpus_args)
+    if num_bytes / MIN_BYTES_PER_TOKEN < (1 - MAX_TOP_UP) * budget:
+        raise InputError(
+            f"the corpus holds {num_bytes:,} bytes, at most about "
+            f"{num_bytes // MIN_BYTES_PER_TOKEN:,} tokens even at {MIN_BYTES_PER_TOKEN} bytes a "
+            f"token (every tokenizer measured gives more on English), far below --max_train_tokens "
+            f"{budget:,}; add documents, lower --max_train_tokens or pass --repeat_corpus to "
+            "repeat it"
+        )
 
 
 def route_tokens(
