@@ -16,7 +16,7 @@ import torch
 from lightning.fabric.utilities.seed import seed_everything
 from torch import nn
 
-from common.cli import InputError, parse_args
+from common.cli import InputError, elapsed_and_left, parse_args
 from common.files import atomic_dir, write_json_atomic
 from common.run_contract import MNIST_METRICS_FILE, MNIST_MODEL_FILE
 from common.system import hardware_description, library_versions
@@ -72,8 +72,8 @@ def epoch_record(
     epoch: int, train: Evaluation, val: Evaluation | None, learning_rate: float, epoch_start: float
 ) -> dict[str, Any]:
     """One entry of metrics.json's history; `val` is None without a validation split,
-    `epoch_start` the epoch's `time.perf_counter()` start; logged when there are no bars."""
-    record = {
+    `epoch_start` the epoch's `time.perf_counter()` start."""
+    return {
         "epoch": epoch,
         "train_loss": train.loss,
         "train_acc": train.accuracy,
@@ -82,13 +82,21 @@ def epoch_record(
         "learning_rate": learning_rate,
         "seconds": round(time.perf_counter() - epoch_start, 3),
     }
-    if not PROGRESS_BARS:
-        validation = f", validation accuracy {val.accuracy:.4f}" if val else ""
-        logger.info(
-            "epoch %d: training loss %.4f%s, %.1f s",
-            epoch, train.loss, validation, record["seconds"],
-        )  # fmt: skip
-    return record
+
+
+def log_epoch(history: list[dict[str, Any]], num_epochs: int) -> None:
+    """Where there are no bars, both trainers' line for the last epoch of `history` out of
+    `num_epochs`: `epoch 3/10: train loss 0.1234, acc 96.1%, val loss 0.1103, val acc 96.8%,
+    12s elapsed, 28s left`."""
+    if PROGRESS_BARS:
+        return
+    record = history[-1]
+    parts = [f"epoch {record['epoch']}/{num_epochs}: train loss {record['train_loss']:.4f}"]
+    parts.append(f"acc {record['train_acc']:.1%}")
+    if record["val_loss"] is not None:
+        parts += [f"val loss {record['val_loss']:.4f}", f"val acc {record['val_acc']:.1%}"]
+    elapsed = sum(entry["seconds"] for entry in history)
+    logger.info(", ".join([*parts, elapsed_and_left(elapsed, len(history), num_epochs)]))
 
 
 @dataclass

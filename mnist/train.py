@@ -29,6 +29,7 @@ from mnist.experiment import (
     build_optimizer,
     count_training_steps,
     epoch_record,
+    log_epoch,
     trainer_main,
 )
 from mnist.metrics import STAGE_TAGS, DigitMetrics, Evaluation
@@ -143,6 +144,7 @@ def fit(
             log_evaluation("val", val)
         viz.log_layers(writer, model, probe_images, global_step)
         history.append(epoch_record(epoch, train_epoch, val, learning_rate, epoch_start))
+        log_epoch(history, -(-total_steps // len(train_batches)))  # max_steps may cut epochs
         epochs.set_postfix(
             loss=f"{train_epoch.loss:.3f}", val_acc=f"{val.accuracy:.3f}" if val else "-"
         )

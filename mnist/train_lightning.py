@@ -38,6 +38,7 @@ from mnist.experiment import (
     build_lr_scheduler,
     build_optimizer,
     epoch_record,
+    log_epoch,
     trainer_main,
 )
 from mnist.metrics import STAGE_TAGS, DigitMetrics, Evaluation
@@ -82,6 +83,11 @@ class LeNet5Module(L.LightningModule):
         self.test_metrics = DigitMetrics(with_confusion_matrix=True)
         self.test_evaluation: Evaluation | None = None
         self.generator: torch.Generator | None = None
+        # One digit: Lightning's model summary counts the FLOPs of a forward over it.
+        self.example_input_array = torch.zeros(1, 1, 28, 28)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
 
     def _common_step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         images, labels = batch
@@ -153,6 +159,9 @@ class EpochHistory(L.Callback):
         self.history.append(
             epoch_record(epoch, train, self.val, self.learning_rate, self.epoch_start)
         )
+        if trainer.is_global_zero:  # max_steps may cut the epochs
+            steps_per_epoch = trainer.num_training_batches
+            log_epoch(self.history, -(-int(trainer.estimated_stepping_batches) // steps_per_epoch))
 
 
 class LayerViews(L.Callback):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -289,8 +290,10 @@ def test_distinct_test_digits_are_not_counted_as_training_digits():
 
 # Library lines that tell the user nothing: Lightning's hints for setups other than this run
 # (srun, workers, limit_val_batches), its banner, its notes on where a loop stopped, a cloud
-# logger's advert, a deprecation inside Lightning, the seed line.
+# logger's advert, a deprecation inside Lightning, the seed line, a model summary's FLOPs
+# without an example input.
 NOISE = [
+    "Total FLOPs: 0",
     "litlogger",
     "srun",
     "LeafSpec",
@@ -301,6 +304,14 @@ NOISE = [
     "`Trainer.fit` stopped",
     "Seed set",
 ]
+
+
+# Both trainers' line at an epoch's end; Lightning validates only after a whole epoch.
+EPOCH_LINE = re.compile(
+    r"INFO mnist\.experiment: epoch 1/1: train loss \d\.\d{4}, acc \d+\.\d%"
+    r"(?:, val loss \d\.\d{4}, val acc \d+\.\d%)?, \d+s elapsed, 0s left$",
+    re.MULTILINE,
+)
 
 
 @pytest.mark.slow
@@ -329,4 +340,6 @@ def test_run_log_has_none_of_the_noise_lines(module, tmp_path):
     assert [line for line in NOISE if line in log] == []
     # Our own log lines still show: the libraries are silenced, not logging.
     assert "INFO mnist.data: data: sample" in result.stderr
+    # Without a terminal, one line per epoch (3 steps: one epoch), the same from both trainers.
+    assert len(EPOCH_LINE.findall(result.stderr)) == 1, result.stderr
     assert result.stdout.strip().endswith(f"results in {tmp_path / 'run'}")
