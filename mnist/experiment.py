@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -44,6 +45,18 @@ def resolve_device(name: str) -> torch.device:
 
 def default_output_dir(args: MnistArguments, trainer: str) -> Path:
     return Path(args.output_dir or f"runs/mnist_{trainer}")
+
+
+def check_utf8_name(folder: Path) -> None:
+    """TensorBoard's writer encodes its file names as UTF-8: a name that is not is refused here,
+    not in a traceback after the data is loaded."""
+    try:
+        str(folder).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"--output_dir {os.fsencode(folder)!r} is not valid UTF-8, which TensorBoard's file "
+            "names must be; pass a folder name in UTF-8"
+        ) from None
 
 
 def count_training_steps(args: MnistArguments, batches_per_epoch: int) -> int:
@@ -117,6 +130,7 @@ def run_training(args: MnistArguments, trainer: str, fit: Fit) -> dict[str, Any]
     """Load the digits, train with `fit` into a new run folder, save the model's weights and
     metrics.json there (the folder appears whole or not at all); return the metrics."""
     device = resolve_device(args.device)
+    check_utf8_name(default_output_dir(args, trainer))
     splits = load_digit_splits(args)  # bad input fails here, before anything is written
     with atomic_dir(default_output_dir(args, trainer), overwrite=args.overwrite) as run_dir:
         seed_everything(args.seed, verbose=False)

@@ -279,6 +279,15 @@ def test_test_digits_that_repeat_training_digits_are_counted_and_said(
     assert metrics["num_test_in_train"] == metrics["num_test"] == 30
 
 
+@TRAINERS
+def test_a_run_folder_name_that_is_not_utf8_is_one_line_and_exit_2(tmp_path, capsys, main):
+    output_dir = os.fsdecode(os.fsencode(tmp_path / "runs") + b"/run\xff")
+    assert main([*SHORT_RUN, "--output_dir", output_dir]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "runs/run\\xff" in errors[0]
+    assert not (tmp_path / "runs").exists()
+
+
 def test_distinct_test_digits_are_not_counted_as_training_digits():
     images = np.arange(3 * 784, dtype=np.uint8).reshape(3, 28, 28)
     assert count_shared_images(images[:2], images[2:]) == 0
