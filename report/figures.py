@@ -72,7 +72,7 @@ def mnist_metric_figure(metric: str, step_tag: str, epoch_tag: str, val_tag: str
     return (
         f"mnist_{metric}.png",
         f"LeNet-5 {metric}: per logged step while training; per epoch on the training and "
-        "validation sets, at the step each epoch ended",
+        "validation sets",
         (
             Panel(f"{metric} per step", metric, (Curve(step_tag, smoothed=True),)),
             Panel(
@@ -82,6 +82,7 @@ def mnist_metric_figure(metric: str, step_tag: str, epoch_tag: str, val_tag: str
                     Curve(epoch_tag, "train", marker="o"),
                     Curve(val_tag, "validation", style="--", marker="s"),
                 ),
+                epochs=True,
             ),
         ),
     )

@@ -53,6 +53,7 @@ class Panel:
     curves: tuple[Curve, ...]
     # x = seconds since the run's first logged scalar instead of the step (samplers log by time).
     time_axis: bool = False
+    epochs: bool = False  # x = the epoch (one point each, in order) instead of the step
     hline: float | None = None
     hline_label: str = ""
 
@@ -80,8 +81,10 @@ def plot_panels(runs: Sequence[RunRecord], panels: Sequence[Panel], path: Path) 
     if not panels:
         return False
     figure = Figure(figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), layout="constrained")
-    # Panels of one figure share their x axis (steps or seconds), so events line up.
-    axes = figure.subplots(1, len(panels), squeeze=False, sharex=True)[0]
+    # Panels of one figure share their x axis when it is the same (steps, seconds or epochs),
+    # so events line up.
+    same_x = len({(panel.time_axis, panel.epochs) for panel in panels}) == 1
+    axes = figure.subplots(1, len(panels), squeeze=False, sharex=same_x)[0]
     for ax, panel in zip(axes, panels, strict=True):
         draw_panel(ax, runs, panel)
     figure.savefig(path, dpi=DPI)
@@ -99,6 +102,8 @@ def draw_panel(ax, runs: Sequence[RunRecord], panel: Panel) -> None:
             if panel.time_axis:
                 order = np.argsort(series.wall_times, kind="stable")
                 x, values = series.wall_times[order] - run.start_wall_time, values[order]
+            elif panel.epochs:
+                x = np.arange(1, len(values) + 1)
             label = f"{run.name if len(runs) > 1 else ''} {curve.label}".strip()
             marker = curve.marker or ("o" if len(values) <= SPARSE_POINTS else None)
             draw_line(ax, x, values, run_color(index), label, curve.style, marker, curve.smoothed)
@@ -106,7 +111,7 @@ def draw_panel(ax, runs: Sequence[RunRecord], panel: Panel) -> None:
         ax.axhline(panel.hline, color="black", linestyle=":", label=panel.hline_label)
     if not panel.time_axis:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    xlabel = "seconds since start" if panel.time_axis else "step"
+    xlabel = "epoch" if panel.epochs else "seconds since start" if panel.time_axis else "step"
     label_axes(ax, panel.title, xlabel, panel.ylabel)
 
 
@@ -250,17 +255,22 @@ def plot_confusion_matrix(
 
 
 def plot_images(run: RunRecord, tags: Sequence[str], path: Path) -> bool:
-    """The newest logged image of each tag, one row per tag; False when none was logged."""
+    """The newest logged image of each feature-map tag, one row per tag, each as wide as its
+    image at the row's height (no wide margins beside a tall grid), as trained; False when none
+    was logged."""
     present = [tag for tag in tags if tag in run.images]
     if not present:
         return False
-    figure = Figure(figsize=(10.0, 3.2 * len(present)), layout="constrained")
+    aspect = max(
+        run.images[tag].pixels.shape[1] / run.images[tag].pixels.shape[0] for tag in present
+    )
+    figure = Figure(figsize=(max(6.0, 4.0 * aspect), 4.4 * len(present)), layout="constrained")
     axes = figure.subplots(len(present), 1, squeeze=False)[:, 0]
     for ax, tag in zip(axes, present, strict=True):
         image = run.images[tag]
         grey = image.pixels.ndim == 2
         ax.imshow(image.pixels, cmap="gray" if grey else None, interpolation="nearest")
-        ax.set_title(f"{tag} (step {image.step})")
+        ax.set_title(f"{tag}: a test digit a row, then each channel's map")
         ax.set_axis_off()
     figure.savefig(path, dpi=DPI)
     return True
