@@ -58,11 +58,11 @@ def elapsed_and_left(elapsed: float, done: int, total: int) -> str:
 
 def duration(seconds: float) -> str:
     """12s, 2m10s, 1h02m."""
-    minutes, whole_seconds = divmod(round(seconds), 60)
+    minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{whole_seconds:02d}s" if minutes else f"{whole_seconds}s"
+    return (
+        f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+    )
 
 
 def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[..., int]:
