@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import nullcontext
 
 try:  # `python pretrain/run.py` with a Python that lacks the venv: one line, not a traceback
     import torch
@@ -83,7 +84,10 @@ class TrainerRun(RunShell):
 
     def train(self) -> None:
         resume = self.plan.resume_checkpoint
-        with logging_redirect_tqdm():  # log lines above a terminal's progress bar, not through it
+        # Log lines above a terminal's bar, not through it; without a bar, logging as it is (the
+        # redirect adds a handler of its own even where the root logger had none).
+        bar = nullcontext() if self.trainer.args.disable_tqdm else logging_redirect_tqdm()
+        with bar:
             self.trainer.train(resume_from_checkpoint=str(resume) if resume else None)
 
     def write_final_model(self, directory: str) -> None:
