@@ -9,12 +9,9 @@ import json
 import logging
 import math
 import shutil
-import signal
 import sys
 import textwrap
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, is_dataclass
 from decimal import Decimal, InvalidOperation
 from difflib import get_close_matches
@@ -93,20 +90,6 @@ def exception_chain(err: BaseException) -> list[BaseException]:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
     return chain
-
-
-@contextmanager
-def signals_handled(signals: tuple[signal.Signals, ...], handler: Callable) -> Iterator[bool]:
-    """While the block runs, `handler` handles `signals`; yields whether it does (main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield False
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-    try:
-        yield True
-    finally:
-        for sig, earlier in previous.items():
-            signal.signal(sig, earlier)
 
 
 def from_here(path: str | Path) -> str:

@@ -11,14 +11,8 @@ version checked.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
-import math
-import os
-import re
-import signal
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,15 +35,6 @@ TENSORBOARD_DIR = "tensorboard"
 # Which documents the blocks' training and validation splits hold, by keyed hash of the text
 # (pretrain/blocks/packing.py writes it into the cache folder; a run copies it into its folder).
 DOCUMENT_SPLIT_FILE = "document_split.json"
-
-# The signals on which a training run saves a checkpoint and stops (exit code 128 + signal), and
-# the seconds launch-pretraining waits for that after passing one on, before it kills them.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-STOP_GRACE_VARIABLE = "PRETRAIN_STOP_GRACE_SECONDS"
-MAX_STOP_GRACE_SECONDS = 86400  # a day; Slurm's --signal lead time is at most 65535 s
-# launch-pretraining's pid, which the processes it starts watch (`stop_with_launcher`).
-LAUNCHER_PID_VARIABLE = "PRETRAIN_LAUNCHER_PID"
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 # run_summary.json carries its version; readers note an older one and refuse a newer one.
 # 3: one `verdict` (no `loss_below_threshold`, `diverged`); `time_budget`, `checkpoint_saves`,
@@ -204,31 +189,3 @@ def read_gpt_summary(
     if summary.get("summary_version") == GPT_SUMMARY_VERSION and missing:
         raise InputError(f"{path} is damaged: it lacks {', '.join(missing)}")
     return summary
-
-
-def stop_grace_seconds() -> float:
-    """STOP_GRACE_VARIABLE's seconds, infinite when it is not set (no launcher kills the run);
-    InputError unless it is a number of seconds above 0 and at most a day."""
-    text = os.environ.get(STOP_GRACE_VARIABLE)
-    if text is None:
-        return math.inf
-    grace = float(text) if re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*", text) else 0
-    if not 0 < grace <= MAX_STOP_GRACE_SECONDS:
-        raise InputError(
-            f"{STOP_GRACE_VARIABLE}={text!r} is not a number of seconds above 0 and at most "
-            f"{MAX_STOP_GRACE_SECONDS}; set it to the seconds a checkpoint save may take after "
-            "a stop signal (default 60)"
-        )
-    return grace
-
-
-def stop_with_launcher() -> None:
-    """A process that launch-pretraining started gets SIGTERM (a stop: a checkpoint, then its
-    end) when the launcher dies, even by SIGKILL, which leaves no launcher to pass a signal
-    on: the kernel sends it (Linux's PR_SET_PDEATHSIG, through libc's public prctl)."""
-    launcher = os.environ.get(LAUNCHER_PID_VARIABLE)
-    if launcher is None or os.getppid() != int(launcher) or not sys.platform.startswith("linux"):
-        return  # not started by the launcher itself (plain python, or a worker's own child)
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(launcher):  # the launcher died before the call
-        os.kill(os.getpid(), signal.SIGTERM)

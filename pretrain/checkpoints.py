@@ -1,19 +1,15 @@
-"""Checkpoints that are whole or ignored, resume only of the same run, and the faults that stop
-a run: a diverged loss, a signal to save and stop. A checkpoint is complete when its manifest,
+"""Checkpoints that are whole or ignored, resume only of the same run, and a diverged loss that
+stops a run (a signal's stop is pretrain/stops.py's). A checkpoint is complete when its manifest,
 written last, is there and every file still matches it: a save cut short never looks complete.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +27,7 @@ from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_pt_utils import safe_globals
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 
-from common.cli import InputError, signals_handled
+from common.cli import InputError
 from common.files import (
     damage_in,
     file_digests,
@@ -42,13 +38,11 @@ from common.run_contract import (
     CHECKPOINT_MANIFEST_FILE,
     FINAL_MODEL_DIR,
     GPT_SUMMARY_FILE,
-    STOP_GRACE_VARIABLE,
-    STOP_SIGNALS,
-    stop_grace_seconds,
 )
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.cache import tokenizer_files_digest
 from pretrain.parallel.strategy import local_tensor
+from pretrain.stops import STOP_GRACE_VARIABLE, stop_grace_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -330,110 +324,3 @@ def weights_are_finite(model: torch.nn.Module, device: torch.device) -> bool:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
-
-
-class StopRequested(BaseException):
-    """SIGTERM or SIGUSR1 before the training loop: the run unwinds at once; a BaseException,
-    so that no handler of ordinary errors keeps going."""
-
-    def __init__(self, received: signal.Signals) -> None:
-        super().__init__(received.name)
-        self.received = received
-
-
-def leave_stops_to_trainer(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
-    """A DataLoader worker leaves SIGTERM and SIGUSR1 sent to its process group (scancel) to the
-    trainer: torch's handler would kill it on SIGTERM, and SIGUSR1 run the trainer's in it. It
-    was forked with them blocked (`StopsHeldFromWorkers`): one that came meanwhile is dropped."""
-    for stop_signal in STOP_SIGNALS:
-        signal.signal(stop_signal, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    if worker_init_fn is not None:
-        worker_init_fn(worker_id)
-
-
-class StopsHeldFromWorkers:
-    """While the training loop runs, SIGTERM and SIGUSR1 are blocked in the main thread, so
-    that a DataLoader worker forked from it inherits them blocked: between its fork and its
-    init function (`leave_stops_to_trainer`) torch's own handler would let SIGTERM kill it, and
-    its rank fail the run. This process still takes them, through a thread that leaves them
-    unblocked (Python then runs the handler in the main thread)."""
-
-    def __init__(self) -> None:
-        self.receiver: threading.Thread | None = None
-        self.done = threading.Event()
-
-    def hold(self) -> None:
-        if threading.current_thread() is threading.main_thread() and self.receiver is None:
-            self.receiver = threading.Thread(target=self.done.wait, daemon=True)
-            self.receiver.start()
-            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-
-    def release(self) -> None:
-        if self.receiver is not None:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-            self.done.set()
-            self.receiver.join()
-            self.receiver = None
-
-
-class CheckpointOnSignalCallback(TrainerCallback):
-    """SIGTERM and SIGUSR1 (Slurm's warning, `scancel`, preemption) while `caught()` lasts:
-    before the loop they stop the run at once (`StopRequested`); inside it, a checkpoint at the
-    next of Trainer's logging steps, then the run stops; after its last step the run finishes.
-    Only a logging step: every rank stops at the same one (they agree by an all-reduce), and the
-    checkpoint's log holds every step's loss, so a resumed run logs the uninterrupted run's
-    windows (a window split by the stop made the final loss differ, 7.209 for 7.213)."""
-
-    received: signal.Signals | None = None
-    stopped_at_step: int | None = None
-    _loop = "before"  # "before", "running" or "done"
-
-    def __init__(self) -> None:
-        self.workers = StopsHeldFromWorkers()
-
-    @contextmanager
-    def caught(self) -> Iterator[None]:
-        with signals_handled(STOP_SIGNALS, self._handle) as handled:
-            if not handled:
-                logger.warning("not in the main thread: no checkpoint on SIGTERM/SIGUSR1")
-            try:
-                yield
-            finally:
-                self.workers.release()
-
-    def _handle(self, signum: int, frame) -> None:
-        received = signal.Signals(signum)
-        if self._loop == "before":
-            raise StopRequested(received)
-        if self.received is None:
-            self.received = received
-            ending = "the last step is done; finishing the run"
-            if self._loop == "running":
-                ending = "saving a checkpoint at the next logging step"
-            logger.warning("received %s: %s", received.name, ending)
-
-    def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
-        self._loop = "running"
-        # The workers start later, with the loop's first batch; accelerate's loader wraps torch's.
-        loader = getattr(kwargs["train_dataloader"], "base_dataloader", kwargs["train_dataloader"])
-        loader.worker_init_fn = functools.partial(leave_stops_to_trainer, loader.worker_init_fn)
-        self.workers.hold()
-
-    def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
-        if state.global_step % max(state.logging_steps, 1) != 0:  # Trainer's interval
-            return
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            signum = torch.tensor([int(self.received or 0)], device=args.device)
-            dist.all_reduce(signum, op=dist.ReduceOp.MAX)
-            if not signum.item():
-                return
-            self.received = signal.Signals(int(signum.item()))
-        if self.received is not None and state.global_step < state.max_steps:
-            self.stopped_at_step = state.global_step
-            control.should_save = True
-            control.should_training_stop = True
-
-    def on_train_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
-        self._loop = "done"
-        self.workers.release()

@@ -31,13 +31,13 @@ from transformers.trainer_utils import sort_checkpoints
 
 from common import cli
 from common.files import read_manifest
-from common.run_contract import (
+from pretrain.device import mark_gpu_required
+from pretrain.stops import (
     LAUNCHER_PID_VARIABLE,
     STOP_GRACE_VARIABLE,
     STOP_SIGNALS,
     stop_grace_seconds,
 )
-from pretrain.device import mark_gpu_required
 
 ERRORS_LOG = "process_errors.log"  # in the run folder: what follows from our error line
 # A process's error line, and its traceback once in a process group (torch puts the rank first).

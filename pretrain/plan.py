@@ -19,8 +19,6 @@ from common.cli import InputError
 from common.run_contract import (
     GPT_SUMMARY_FILE,
     read_gpt_summary,
-    stop_grace_seconds,
-    stop_with_launcher,
 )
 from common.tokenization import load_tokenizer
 from pretrain.args import PrecisionChoice, PretrainArguments, resolve_training_arguments
@@ -35,6 +33,7 @@ from pretrain.checkpoints import (
     resolve_resume_checkpoint,
     run_identity,
 )
+from pretrain.stops import stop_grace_seconds, stop_with_launcher
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ from transformers import TrainingArguments
 from common.cli import InputError, RunFailed, exception_chain
 from common.files import LOCK_FILE, LockHeld, exclusive_lock, read_manifest, replace_dir
 from common.run_contract import FINAL_MODEL_DIR
-from pretrain.checkpoints import RESUME_AUTO, StopRequested, list_checkpoints, seal_checkpoint
+from pretrain.checkpoints import RESUME_AUTO, list_checkpoints, seal_checkpoint
+from pretrain.stops import StopRequested
 
 logger = logging.getLogger(__name__)
 

@@ -34,9 +34,7 @@ from pretrain.args import PretrainArguments
 from pretrain.blocks.cache import copy_document_split
 from pretrain.checkpoints import (
     CheckpointManifestCallback,
-    CheckpointOnSignalCallback,
     DivergenceCallback,
-    StopRequested,
     divergence,
 )
 from pretrain.device import check_gpu_when_required
@@ -61,6 +59,7 @@ from pretrain.model import build_model
 from pretrain.parallel.strategy import Strategy, check_processes_joined
 from pretrain.plan import LoopSupplies, RunSetup, plan_run
 from pretrain.run_folder import failures_in_one_line, hold_run_folder, save_final_model
+from pretrain.stops import CheckpointOnSignalCallback, StopRequested
 from pretrain.summary import LoopResult, headline, run_summary
 
 logger = logging.getLogger(__name__)

@@ -26,11 +26,12 @@ from pretrain_runs import (
     tiny_run_argv,
 )
 
-from common.run_contract import CHECKPOINT_MANIFEST_FILE, STOP_GRACE_VARIABLE, STOP_SIGNALS
+from common.run_contract import CHECKPOINT_MANIFEST_FILE
 from pretrain.checkpoints import checkpoint_damage, checkpoint_global_step, list_checkpoints
 from pretrain.launch import StopSignals, newest_complete_checkpoint, outcome, run_folder
 from pretrain.launch import main as launch_main
 from pretrain.run import main as pretrain_main
+from pretrain.stops import STOP_GRACE_VARIABLE, STOP_SIGNALS
 
 LAUNCHER = [sys.executable, "-m", "pretrain.launch"]
 CPU_CONFIG = REPO_ROOT / "accelerate_configs" / "cpu.yaml"

@@ -37,8 +37,6 @@ from common.run_contract import (
     TRAIN_LOSS,
 )
 from pretrain.checkpoints import (
-    CheckpointOnSignalCallback,
-    StopRequested,
     checkpoint_damage,
     checkpoint_global_step,
     identity_differences,
@@ -48,6 +46,7 @@ from pretrain.checkpoints import (
 )
 from pretrain.run import main
 from pretrain.run_folder import hold_run_folder
+from pretrain.stops import CheckpointOnSignalCallback, StopRequested
 
 NUM_BLOCKS = 160  # 40 steps of 4 blocks
 NUM_STEPS = NUM_BLOCKS // 4

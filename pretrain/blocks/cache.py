@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +26,10 @@ from typing import Any
 
 import datasets
 
-from common.cli import InputError, RunFailed, signals_handled
+from common.cli import InputError, RunFailed
 from common.corpus import CorpusArguments, corpus_fingerprint
 from common.files import atomic_dir, damage_in, exclusive_lock, read_manifest
-from common.run_contract import DOCUMENT_SPLIT_FILE, STOP_SIGNALS
+from common.run_contract import DOCUMENT_SPLIT_FILE
 from common.tokenization import check_tokenizer_dir, load_tokenizer
 from pretrain.blocks.args import DataArguments
 from pretrain.blocks.packing import BLOCKS_FILE, PIPELINE_VERSION, SPLITS, STATS_FILE, build_blocks
@@ -97,6 +96,9 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
             "corpus_fingerprint": fingerprint,
             "tokenizer_files_sha256": tokenizer_digest,
         }
+        # Imported here: a cache hit stays free of torch, which the stops' Trainer callback needs.
+        from pretrain.stops import STOP_SIGNALS, signals_handled, stop_on_termination
+
         # Built in a temporary folder, renamed to `folder` when complete.
         with atomic_dir(folder) as tmp_dir, signals_handled(STOP_SIGNALS, stop_on_termination):
             build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
@@ -110,15 +112,6 @@ def cache_damage(folder: Path) -> str | None:
     if stats is None:
         return f"{STATS_FILE} is unreadable"
     return damage_in(folder, stats["files"])
-
-
-def stop_on_termination(signum: int, frame) -> None:
-    """SIGTERM and SIGUSR1 (Slurm's warning before the time limit) while the blocks are built
-    end the process with exit code 128 + signal, through the unfinished folder's clean-up."""
-    logger.warning(
-        "stopped by %s while preparing blocks; nothing was kept", signal.Signals(signum).name
-    )
-    raise SystemExit(128 + signum)
 
 
 @contextlib.contextmanager
