@@ -27,6 +27,7 @@ from common.system import build_extensions_in_this_environment, use_allotted_cor
 EXIT_BAD_INPUT = 2
 # A run that failed after good input (diverged, disk full): for job scripts, not 1 nor 2.
 EXIT_RUN_FAILED = 3
+EXIT_INTERRUPTED = 128 + 2  # Ctrl-C (SIGINT), as a shell reports it
 
 
 class InputError(Exception):
@@ -78,6 +79,11 @@ def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[...,
             sys.stderr.write("error: " + " ".join(str(err).split()) + "\n")
             sys.stderr.flush()
             return EXIT_BAD_INPUT if isinstance(err, InputError) else EXIT_RUN_FAILED
+        except (
+            KeyboardInterrupt
+        ):  # Ctrl-C where no stop handler runs: what was half-written is gone
+            sys.stderr.write("error: interrupted (SIGINT); nothing unfinished was kept\n")
+            return EXIT_INTERRUPTED
 
     return wrapper
 

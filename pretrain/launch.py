@@ -3,9 +3,9 @@
     launch-pretraining --config_file accelerate_configs/cpu_ddp.yaml --num_processes 2 \\
         pretrain/run.py --config pretrain/configs/tiny.yaml
 
-Same arguments, same launchers. Exits 0 when done; 143 / 138 when SIGTERM / SIGUSR1 (passed on
-to the processes, killed if still running PRETRAIN_STOP_GRACE_SECONDS, 60, later) left a saved
-checkpoint; 2 / 3 for bad input / a failed run, in one `error:` line (ours names a killed
+Same arguments, same launchers. Exits 0 when done; 143 / 138 / 130 when SIGTERM / SIGUSR1 / SIGINT
+(passed on to the processes, killed if still running PRETRAIN_STOP_GRACE_SECONDS, 60, later) left
+a saved checkpoint; 2 / 3 for bad input / a failed run, in one `error:` line (ours names a killed
 process, or a stop that saved nothing); any other code is a crash, with its traceback.
 """
 
@@ -65,8 +65,9 @@ def newest_complete_checkpoint(run_dir: Path | None) -> Path | None:
 
 
 class StopSignals:
-    """Pass the first SIGTERM or SIGUSR1 on to the processes, and kill those still running
-    `grace` seconds later: the job's end would cut them short anyway, at a less known moment."""
+    """Pass the first stop signal (SIGTERM, SIGUSR1, SIGINT) on to the processes, and kill those
+    still running `grace` seconds later: the job's end would cut them short anyway, at a less
+    known moment."""
 
     def __init__(self, grace: float, run_dir: Path | None) -> None:
         self.run_dir, self.received, self.checkpoint_before = run_dir, None, None
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(STOP_GRACE_VARIABLE, "60")  # the processes warn against it too
     os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())  # they stop when it dies
     stop = StopSignals(stop_grace_seconds(), run_dir)
-    os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"  # SIGTERM, SIGUSR1: ours
+    os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"  # SIGTERM, SIGUSR1, SIGINT: ours
     # torchrun's lines on a failure ("Sending process ... closing signal") say less than ours;
     # accelerate lists the launch defaults it filled in (threads per CPU process) on every start.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
@@ -186,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as err:  # in the order torchrun saw them fail
         failures = sorted(err.failures.items(), key=lambda item: item[1].timestamp)
         codes = {rank: failure.exitcode for rank, failure in failures}
-    except (SignalException, KeyboardInterrupt) as err:  # SIGINT, SIGHUP, SIGQUIT
-        codes = {0: 128 + getattr(err, "sigval", signal.SIGINT)}
+    except SignalException as err:  # SIGHUP, SIGQUIT
+        codes = {0: 128 + err.sigval}
     finally:
         stop.timer.cancel()
         held = stderr.close()

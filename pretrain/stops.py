@@ -1,7 +1,7 @@
 """Stopping a pretraining run, in one place: which signals stop it, what each stage does with
 one, and how long the launcher waits.
 
-SIGTERM and SIGUSR1 (Slurm's warning, `scancel`, preemption) are one stop.
+SIGTERM, SIGUSR1 (Slurm's warning, `scancel`, preemption) and SIGINT (Ctrl-C) are one stop.
 Before the training loop the run unwinds at once (`StopRequested`) and leaves no run folder it
 made; while the blocks are built the process ends with 128 + signal and keeps nothing (the
 blocks' cache); inside the loop `CheckpointOnSignalCallback` saves a checkpoint at the next
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 # The signals on which a training run saves a checkpoint and stops (exit code 128 + signal), and
 # the seconds launch-pretraining waits for that after passing one on, before it kills them.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 STOP_GRACE_VARIABLE = "PRETRAIN_STOP_GRACE_SECONDS"
 MAX_STOP_GRACE_SECONDS = 86400  # a day; Slurm's --signal lead time is at most 65535 s
 # launch-pretraining's pid, which the processes it starts watch (`stop_with_launcher`).

@@ -4,6 +4,7 @@ dataclass, every option of ours in it; `--help-all` for the library's others."""
 import dataclasses
 import importlib
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -419,6 +420,20 @@ def test_entry_point_turns_input_error_into_exit_2(capsys):
     assert main([]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: data file x.bin is truncated; download it again"]
+
+
+def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing_half_written(tmp_path, capsys):
+    @entry_point
+    def main(argv=None):
+        with atomic_dir(tmp_path / "out") as unfinished:
+            (unfinished / "part.txt").write_text("half")
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C: Python's handler raises KeyboardInterrupt
+
+    assert main([]) == 128 + signal.SIGINT
+    assert capsys.readouterr().err.splitlines() == [
+        "error: interrupted (SIGINT); nothing unfinished was kept"
+    ]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_entry_point_prints_a_multi_line_message_on_one_line(capsys):

@@ -97,10 +97,10 @@ def error_lines(stderr: str) -> list[str]:
     [
         (signal.SIGTERM, 2, False),
         (signal.SIGUSR1, 2, False),
-        (signal.SIGTERM, 2, True),  # scancel and a shell's kill reach the whole group
+        (signal.SIGINT, 2, True),  # Ctrl-C reaches the terminal's whole foreground group
         (signal.SIGUSR1, 1, False),  # accelerate's one-process launcher passes on no signal
     ],
-    ids=["sigterm", "sigusr1", "sigterm-to-group", "sigusr1-one-process"],
+    ids=["sigterm", "sigusr1", "sigint-to-group", "sigusr1-one-process"],
 )
 def test_stop_signal_saves_a_checkpoint_and_exits_128_plus_signal(
     data_paths, tmp_path, stop_signal, num_processes, to_group

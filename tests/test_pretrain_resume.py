@@ -437,7 +437,10 @@ def test_a_signal_after_the_last_step_still_finishes_the_run(data_paths, tmp_pat
 
 
 @pytest.mark.multiprocess
-def test_sigterm_before_the_first_step_stops_at_once_and_leaves_no_folder(data_paths, tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_stop_before_the_first_step_stops_at_once_and_leaves_no_folder(
+    data_paths, tmp_path, stop_signal
+):
     output_dir = tmp_path / "run"
     argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS)
     process = subprocess.Popen(
@@ -446,15 +449,17 @@ def test_sigterm_before_the_first_step_stops_at_once_and_leaves_no_folder(data_p
     try:
         while not (output_dir / ".lock").exists() and process.poll() is None:
             time.sleep(POLL_SECONDS)
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(stop_signal)
         _, stderr = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert process.returncode == 128 + stop_signal, stderr[-2000:]
     # Before training started, or while its blocks were built: which, the signal's time decides.
     when = "(before training started|while preparing blocks)"
-    assert re.search(f"stopped by SIGTERM {when}; nothing was kept", stderr), stderr[-2000:]
+    assert re.search(f"stopped by {stop_signal.name} {when}; nothing was kept", stderr), stderr[
+        -2000:
+    ]
     assert not output_dir.exists()
 
 
