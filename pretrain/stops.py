@@ -165,15 +165,15 @@ class CheckpointOnSignalCallback(TrainerCallback):
                 self.workers.release()
 
     def _handle(self, signum: int, frame) -> None:
-        received = signal.Signals(signum)
+        if self.received is not None:  # again: Ctrl-C reaches a process and its launcher, which
+            return  # passes it on; a second StopRequested would cut the first one's clean-up short
+        self.received = received = signal.Signals(signum)
         if self._loop == "before":
             raise StopRequested(received)
-        if self.received is None:
-            self.received = received
-            ending = "the last step is done; finishing the run"
-            if self._loop == "running":
-                ending = "saving a checkpoint at the next logging step"
-            logger.warning("received %s: %s", received.name, ending)
+        ending = "the last step is done; finishing the run"
+        if self._loop == "running":
+            ending = "saving a checkpoint at the next logging step"
+        logger.warning("received %s: %s", received.name, ending)
 
     def on_train_begin(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         self._loop = "running"

@@ -200,6 +200,20 @@ def test_a_stop_signal_stops_at_the_next_logging_step():
         assert control.should_training_stop == control.should_save == stops
 
 
+def test_a_second_stop_signal_before_the_loop_leaves_the_first_ones_clean_up_running():
+    """Ctrl-C reaches a process twice, from the terminal and passed on by its launcher: the
+    second came while the first one's StopRequested unwound the run and cut its clean-up short
+    (a run folder half removed)."""
+    callback, cleaned_up = CheckpointOnSignalCallback(), []
+    with pytest.raises(StopRequested), callback.caught():
+        try:
+            signal.raise_signal(signal.SIGINT)
+        finally:
+            signal.raise_signal(signal.SIGINT)
+            cleaned_up.append(True)
+    assert cleaned_up and callback.received == signal.SIGINT
+
+
 def test_a_changed_setting_of_a_group_is_named_alone(tmp_path):
     saved = {"identity_version": 2, "muon": {"muon_learning_rate": 0.02, "muon_momentum": 0.9}}
     current = {**saved, "muon": {"muon_learning_rate": 0.02, "muon_momentum": 0.95}}
