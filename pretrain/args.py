@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, NamedTuple, get_type_hints
 
@@ -306,25 +305,13 @@ class PretrainArguments(NamedTuple):
 # --- What the run changes in the options it was given ----------------------------------------
 
 
-def resolve_training_arguments(
-    args: PretrainArguments,
-    batch_blocks: int,
-    count_train_blocks: Callable[[DataArguments], int],
-    mixed_precision: bool = True,
-) -> tuple[PrecisionChoice, BlockSchedule]:
-    """Every change a run makes to the options it was given, each logged once with its reason:
-    the precision (fp32 for a loop without `mixed_precision`), the token budget in whole
-    batches (for the data only: the summary records the budget as asked), and max_steps, one
-    pass over the blocks `count_train_blocks` prepares. Returns the precision and the steps."""
-    training_args = args.training
-    if mixed_precision:
-        precision = resolve_precision(training_args)
-    else:
-        drop_unused_options(args.model, training_args)
-        precision = PrecisionChoice("no", "this loop trains in fp32", tf32=False)
-    num_train_blocks = count_train_blocks(budget_in_whole_batches(args, batch_blocks))
+def resolve_steps(
+    training_args: TrainingArguments, num_train_blocks: int, batch_blocks: int, block_size: int
+) -> BlockSchedule:
+    """max_steps, one pass over `num_train_blocks` in global batches of `batch_blocks` (or
+    --max_steps), written into `training_args` with the decay steps it implies, and logged."""
     schedule = BlockSchedule.one_pass(
-        num_train_blocks, batch_blocks, args.data.block_size, training_args.max_steps
+        num_train_blocks, batch_blocks, block_size, training_args.max_steps
     )
     training_args.max_steps = schedule.max_steps
     resolve_decay_steps(training_args)
@@ -333,7 +320,7 @@ def resolve_training_arguments(
         f"{schedule.num_train_blocks:,}", schedule.block_size, schedule.batch_blocks,
         f"{schedule.batch_tokens:,}", schedule.max_steps,
     )  # fmt: skip
-    return precision, schedule
+    return schedule
 
 
 def resolve_decay_steps(training_args: TrainingArguments) -> None:
@@ -433,26 +420,3 @@ def budget_in_whole_batches(args: PretrainArguments, batch_blocks: int) -> DataA
         f"{budget:,}", f"{rounded:,}", rounded // batch_tokens, f"{batch_tokens:,}",
     )  # fmt: skip
     return replace(data_args, max_train_tokens=rounded)
-
-
-def drop_unused_options(model_args: ModelArguments, training_args: TrainingArguments) -> None:
-    """Name in one line the options this loop does not apply, and set them to what it does (the
-    summary records what ran)."""
-    unused = []
-    if model_args.loss_implementation != "hf":
-        unused.append(
-            f"--loss_implementation {model_args.loss_implementation} (the loss is "
-            "transformers' cross-entropy over the full logits)"
-        )
-        model_args.loss_implementation = "hf"
-    if training_args.torch_compile:
-        unused.append("--torch_compile (the model runs eagerly)")
-        training_args.torch_compile = False
-    if training_args.save_strategy != "no":
-        unused.append(f"--save_strategy {training_args.save_strategy.value} (no checkpoints)")
-    if training_args.eval_strategy != "no":
-        unused.append(
-            f"--eval_strategy {training_args.eval_strategy.value} (one evaluation at the end)"
-        )
-    if unused:
-        logger.warning("not applied by this loop: %s", "; ".join(unused))

@@ -1,7 +1,6 @@
 """What both training loops decide before the first step, in one record (`RunPlan`): the
 tokenizer, the model's shape, the packed blocks (built by the main process first), the steps of
-one pass over them, the checkpoint to resume from; then the model as built (`RunSetup`). What a
-loop supplies besides its steps (`LoopSupplies`) decides what is planned for it.
+one pass over them, the checkpoint to resume from; then the model as built (`RunSetup`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from common.run_contract import (
     read_gpt_summary,
 )
 from common.tokenization import load_tokenizer
-from pretrain.args import PrecisionChoice, PretrainArguments, resolve_training_arguments
+from pretrain.args import PrecisionChoice, PretrainArguments, budget_in_whole_batches, resolve_steps
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.args import DataArguments
 from pretrain.blocks.cache import load_blocks, prepare_blocks, read_stats
@@ -36,17 +35,6 @@ from pretrain.checkpoints import (
 from pretrain.stops import stop_grace_seconds, stop_with_launcher
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LoopSupplies:
-    """What a training loop supplies besides its steps, declared once by the loop and read by
-    the run's shell, the plan and the options. Trainer's loop supplies all three; a loop of our
-    own trains in fp32 and leaves neither checkpoints nor final/."""
-
-    checkpoints: bool = False  # resumed from, sealed, one saved on SIGTERM/SIGUSR1 to stop
-    mixed_precision: bool = False  # the precision the launch asks for, else fp32
-    final_model: bool = False  # final/, the trained model whole, loadable by from_pretrained
 
 
 @dataclass(frozen=True)
@@ -85,12 +73,14 @@ class RunSetup:
 def plan_run(
     args: PretrainArguments,
     batch_blocks: int,
+    precision: PrecisionChoice,
     model_checks: Sequence[Callable[[GPT2Config], None]] = (),
-    supplies: LoopSupplies = LoopSupplies(),
+    checkpoints: bool = False,
 ) -> RunPlan:
     """Check everything that can be checked cheaply (`model_checks` refuse a shape the loop
-    cannot split; a loop with checkpoints resolves --resume_from_checkpoint before tokenizing),
-    then prepare the blocks and count the steps of a global batch of `batch_blocks`."""
+    cannot split; a loop with `checkpoints` resolves --resume_from_checkpoint before
+    tokenizing), then prepare the blocks and count the steps of a global batch of
+    `batch_blocks`; `precision`: what the loop trains in."""
     training_args, data_args = args.training, args.data
     stop_grace_seconds()  # refused now, not at the first checkpoint
     stop_with_launcher()
@@ -106,27 +96,21 @@ def plan_run(
         training_args.resume_from_checkpoint == RESUME_AUTO
         and (output_dir / GPT_SUMMARY_FILE).is_file()
     )
-    if supplies.checkpoints and not finished_here:
+    if checkpoints and not finished_here:
         with training_args.main_process_first(local=False, desc="checking the run folder"):
             resume_checkpoint, skipped = resolve_resume_checkpoint(
                 output_dir, training_args.resume_from_checkpoint, is_main=training_args.should_save
             )
-    prepared: dict[str, Any] = {}
-
-    def count_train_blocks(budgeted: DataArguments) -> int:
-        # The main process builds the cache; the others then find it ready (shared filesystem).
-        with training_args.main_process_first(local=False, desc="preparing packed blocks"):
-            prepared["cache_dir"] = prepare_blocks(args.corpus, budgeted, tokenizer)
-        prepared["blocks"] = load_blocks(prepared["cache_dir"])
-        return len(prepared["blocks"]["train"])
-
-    precision, schedule = resolve_training_arguments(
-        args, batch_blocks, count_train_blocks, supplies.mixed_precision
-    )
-    cache_dir, blocks = prepared["cache_dir"], prepared["blocks"]
+    budgeted = budget_in_whole_batches(args, batch_blocks)
+    # The main process builds the cache; the others then find it ready (shared filesystem).
+    with training_args.main_process_first(local=False, desc="preparing packed blocks"):
+        cache_dir = prepare_blocks(args.corpus, budgeted, tokenizer)
+    blocks = load_blocks(cache_dir)
+    num_train_blocks = len(blocks["train"])
+    schedule = resolve_steps(training_args, num_train_blocks, batch_blocks, data_args.block_size)
     data = {"cache_dir": str(cache_dir), **read_stats(cache_dir)}
     identity = finished = None
-    if supplies.checkpoints:
+    if checkpoints:
         identity = run_identity(training_args, data, model_config, schedule)
         identity |= args.optimizer.identity()
         if finished_here:

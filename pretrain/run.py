@@ -32,6 +32,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import GPT2LMHeadModel, Trainer
 
 from common.cli import InputError
+from pretrain.args import PrecisionChoice, resolve_precision
 from pretrain.metrics import clock_trainer
 from pretrain.optim import MuonArguments, check_muon_fits, muon_optimizer
 from pretrain.parallel.strategy import (
@@ -40,7 +41,7 @@ from pretrain.parallel.strategy import (
     check_strategy,
     requested_strategy,
 )
-from pretrain.shell import LoopSupplies, RunShell, command
+from pretrain.shell import RunShell, command
 from pretrain.summary import LoopResult, replica_checksums
 
 logger = logging.getLogger(__name__)
@@ -51,13 +52,16 @@ class TrainerRun(RunShell):
     accelerate set up is checked against the one the launch asked for."""
 
     description = "Pretrain GPT-2 from scratch on packed blocks (transformers Trainer)."
-    supplies = LoopSupplies(checkpoints=True, mixed_precision=True, final_model=True)
+    checkpoints = True
 
     def check_launch(self) -> None:
         # Read before Trainer exists: its Accelerator rewrites the launcher's variables.
         self.request = requested_strategy(self.training_args)
         check_request_fits_device(self.request, self.training_args.device)
         check_muon_fits(self.args.optimizer, self.request, self.training_args.max_grad_norm)
+
+    def precision(self) -> PrecisionChoice:
+        return resolve_precision(self.training_args)
 
     def build(self, model: GPT2LMHeadModel) -> tuple[Strategy, str]:
         plan = self.plan

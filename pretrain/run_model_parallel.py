@@ -53,6 +53,7 @@ from transformers.hf_argparser import HfArg
 
 from common.cli import InputError
 from common.run_contract import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, TRAIN_LOSS
+from pretrain.args import PrecisionChoice
 from pretrain.optim import MuonArguments, decay_parameter_names, muon_optimizer, split_by_layout
 from pretrain.parallel.pipeline import (
     PIPELINE_SCHEDULES,
@@ -178,6 +179,29 @@ class ModelParallelRun(RunShell):
                 "this loop trains in fp32 so that the strategies compare exactly; drop "
                 "--fp16/--bf16"
             )
+
+    def precision(self) -> PrecisionChoice:
+        """fp32, eager, transformers' loss, no checkpoints, one evaluation at the end."""
+        model_args, training_args = self.args.model, self.training_args
+        unused = []
+        if model_args.loss_implementation != "hf":
+            unused.append(
+                f"--loss_implementation {model_args.loss_implementation} (the loss is "
+                "transformers' cross-entropy over the full logits)"
+            )
+            model_args.loss_implementation = "hf"
+        if training_args.torch_compile:
+            unused.append("--torch_compile (the model runs eagerly)")
+            training_args.torch_compile = False
+        if training_args.save_strategy != "no":
+            unused.append(f"--save_strategy {training_args.save_strategy.value} (no checkpoints)")
+        if training_args.eval_strategy != "no":
+            unused.append(
+                f"--eval_strategy {training_args.eval_strategy.value} (one evaluation at the end)"
+            )
+        if unused:
+            logger.warning("not applied by this loop: %s", "; ".join(unused))
+        return PrecisionChoice("no", "this loop trains in fp32", tf32=False)
 
     def check_model(self, config: GPT2Config) -> None:
         if self.parallel.strategy == "tp":

@@ -30,7 +30,7 @@ from common.run_contract import (
     TIME_MODEL,
     TIME_OTHER,
 )
-from pretrain.args import PretrainArguments
+from pretrain.args import PrecisionChoice, PretrainArguments
 from pretrain.blocks.cache import copy_document_split
 from pretrain.checkpoints import (
     CheckpointManifestCallback,
@@ -57,7 +57,7 @@ from pretrain.metrics import (
 )
 from pretrain.model import build_model
 from pretrain.parallel.strategy import Strategy, check_processes_joined
-from pretrain.plan import LoopSupplies, RunSetup, plan_run
+from pretrain.plan import RunSetup, plan_run
 from pretrain.run_folder import failures_in_one_line, hold_run_folder, save_final_model
 from pretrain.stops import CheckpointOnSignalCallback, StopRequested
 from pretrain.summary import LoopResult, headline, run_summary
@@ -72,7 +72,10 @@ class RunShell:
     prog = "pretrain/run.py"
     description: str | None = None  # --help's text; by default the loop module's docstring
     option_classes: tuple[type, ...] = ()  # the loop's own options, parsed first
-    supplies = LoopSupplies()  # what the loop supplies besides its steps
+    checkpoints = False  # the loop's: resumed from, sealed, one saved on SIGTERM/SIGUSR1 to stop
+    # Writes the trained model whole into a folder, on every process: final/, loadable by
+    # from_pretrained (Trainer's loop); None: the loop leaves no final/.
+    write_final_model: Callable[[str], None] | None = None
 
     def __init__(self, argv: list[str] | None) -> None:
         self.budget = TimeBudget()
@@ -101,6 +104,11 @@ class RunShell:
     def check_launch(self) -> None:
         """Refuse, before the folder is taken, a launch this loop cannot run."""
 
+    def precision(self) -> PrecisionChoice:
+        """The precision the loop trains in, before any data is read; the options it does not
+        apply set to what it does, as the summary records what ran."""
+        raise NotImplementedError
+
     def check_model(self, config: GPT2Config) -> None:
         """Refuse, before any data is read, a model shape this loop cannot split."""
 
@@ -111,9 +119,6 @@ class RunShell:
     def train(self) -> None:
         """One pass over the planned blocks; stop early where `self.diverged` says so."""
         raise NotImplementedError
-
-    def write_final_model(self, directory: str) -> None:
-        """Write the trained model whole into `directory`, on every process (Trainer's loop)."""
 
     def measure(self, evaluate: bool) -> LoopResult:
         """The steps, losses and checks only the loop knows; the validation loss if `evaluate`."""
@@ -133,7 +138,7 @@ class RunShell:
             self.check_launch()
             with (
                 library_progress_bars(enabled=not self.training_args.disable_tqdm),
-                self.stop_on_signal.caught() if self.supplies.checkpoints else nullcontext(),
+                self.stop_on_signal.caught() if self.checkpoints else nullcontext(),
                 hold_run_folder(self.output_dir, self.training_args),
             ):
                 return self.plan_and_train()
@@ -151,7 +156,9 @@ class RunShell:
         args, training_args, budget = self.args, self.training_args, self.budget
         is_main = training_args.process_index == 0
         budget.lap(TIME_LOOP_SETUP)
-        self.plan = plan = plan_run(args, self.batch_blocks, (self.check_model,), self.supplies)
+        self.plan = plan = plan_run(
+            args, self.batch_blocks, self.precision(), (self.check_model,), self.checkpoints
+        )
         budget.lap(TIME_DATA)
         if plan.finished is not None:
             return self.nothing_to_resume(plan.finished, is_main)
@@ -186,7 +193,7 @@ class RunShell:
             copy_document_split(plan.data["cache_dir"], self.output_dir)
         # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
         saves = failures_in_one_line(self.output_dir, 12 * setup.num_parameters, is_main)
-        with saves if self.supplies.checkpoints else nullcontext(), compiled_once(compile_cache):
+        with saves if self.checkpoints else nullcontext(), compiled_once(compile_cache):
             self.train()
             budget.lap(TIME_OTHER)  # the loop's own work after its last step
             stop = self.stop_on_signal
@@ -198,7 +205,7 @@ class RunShell:
                 )  # fmt: skip
                 return 128 + int(stop.received)
             finite = self.divergence.diverged_at_step is None
-            if finite and self.supplies.final_model:
+            if finite and self.write_final_model is not None:
                 save_final_model(self.write_final_model, self.output_dir / FINAL_MODEL_DIR, is_main)
                 budget.lap(TIME_FINAL_SAVE)
             result = self.measure(evaluate=finite)

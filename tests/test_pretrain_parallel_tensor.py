@@ -31,7 +31,7 @@ from pretrain.parallel.tensor import (
     conv1d_to_linear,
     group_qkv_by_rank,
 )
-from pretrain.run_model_parallel import main
+from pretrain.run_model_parallel import ModelParallelRun, main
 from report.build import write_report
 from report.run_folder import load_run
 
@@ -165,3 +165,17 @@ def test_tensor_parallel_in_one_process_is_refused(data_paths, tmp_path, capsys)
     assert main(model_parallel_argv(data_paths, output_dir, strategy="tp")) == 2
     assert "torchrun --standalone --nproc_per_node 2" in capsys.readouterr().err
     assert not output_dir.exists()
+
+
+def test_the_loop_trains_in_fp32_eagerly_and_names_the_options_it_does_not_apply(
+    data_paths, tmp_path, caplog
+):
+    options = {"torch_compile": "true", "loss_implementation": "chunked", "save_strategy": "steps"}
+    run = ModelParallelRun(model_parallel_argv(data_paths, tmp_path / "run", **options))
+    with caplog.at_level("WARNING", logger="pretrain.run_model_parallel"):
+        precision = run.precision()
+    assert (precision.name, precision.tf32) == ("fp32", False)
+    assert not run.training_args.torch_compile and run.args.model.loss_implementation == "hf"
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert warning.startswith("not applied by this loop: --loss_implementation chunked")
+    assert "--torch_compile" in warning and "--save_strategy steps" in warning
