@@ -61,11 +61,13 @@ class MuonArguments:
         return {"muon": dataclasses.asdict(self)} if self.muon else {}
 
 
-def check_muon_fits(muon_args: MuonArguments, request: Request, max_grad_norm: float) -> None:
+def check_muon_fits(
+    muon_args: MuonArguments, request: Request, training_args: TrainingArguments
+) -> None:
     """Refuse Muon where it cannot run as asked: a torch without it, FSDP1 (flat parameters:
     Muon would see no matrix), a DeepSpeed older than DEEPSPEED_MUON, ZeRO with clipping
     (DeepSpeed clips Muon's orthogonalised update, not the gradient: deepspeed#8439, every step
-    shrunk by the norm); before any data is prepared."""
+    shrunk by the norm) or a DeepSpeed config's optimizer; before any data is prepared."""
     if not muon_args.muon:
         return
     if not hasattr(torch.optim, "Muon"):
@@ -83,11 +85,22 @@ def check_muon_fits(muon_args: MuonArguments, request: Request, max_grad_norm: f
             f"--muon under ZeRO needs deepspeed {DEEPSPEED_MUON}+ (earlier ones skip Newton-Schulz "
             f"at some stages); this is {deepspeed}: pip install -r requirements-deepspeed.txt"
         )
-    if max_grad_norm > 0:
+    # The config Trainer will train with: TrainingArguments reads it from --deepspeed or from
+    # the launch's variables (the accelerate config's deepspeed_config_file or inline keys).
+    config = training_args.deepspeed_plugin.deepspeed_config
+    clipping = config.get("gradient_clipping", "auto")  # "auto": --max_grad_norm's
+    if max(training_args.max_grad_norm, 0 if clipping == "auto" else float(clipping)) > 0:
         raise InputError(
-            f"--muon under DeepSpeed ZeRO with --max_grad_norm {max_grad_norm}: DeepSpeed clips "
-            "Muon's orthogonalised update instead of the gradient (deepspeed issue 8439), which "
-            "shrinks every Muon step; pass --max_grad_norm 0"
+            f"--muon under DeepSpeed ZeRO with gradient clipping (--max_grad_norm "
+            f"{training_args.max_grad_norm}, the DeepSpeed config's gradient_clipping {clipping}): "
+            "DeepSpeed clips Muon's orthogonalised update instead of the gradient (deepspeed "
+            "issue 8439), which shrinks every Muon step; pass --max_grad_norm 0 and set "
+            "gradient_clipping to 0 or auto"
+        )
+    if "optimizer" in config:
+        raise InputError(
+            "--muon builds DeepSpeed's Muon itself, but the DeepSpeed config names an "
+            "optimizer, which would replace it; remove its 'optimizer' section"
         )
 
 
@@ -184,7 +197,8 @@ def muon_optimizer(
     blocks = [module for module in model.modules() if isinstance(module, GPT2Block)]
     for module in (layer for block in blocks for layer in block.modules()):
         if isinstance(module, Conv1D):
-            # a ZeRO-3 parameter outside forward is an empty placeholder; ds_shape is its shape
+            # a ZeRO-3 parameter outside forward is an empty placeholder; DeepSpeed gives its
+            # shape only as ds_shape (its public getters gather the whole parameter)
             rows, columns = getattr(module.weight, "ds_shape", module.weight.shape)  # (in, out)
             factor = math.sqrt(max(1, columns / rows) / max(1, rows / columns))
         elif isinstance(module, nn.Linear):
@@ -215,8 +229,10 @@ def muon_optimizer(
 
 def deepspeed_muon(muon_groups, adamw_groups, adamw_cls, adamw_kwargs, muon_args):
     """DeepSpeed's `MuonWithAuxAdam` over the same groups, --optim for AdamW's. ZeRO runs
-    Newton-Schulz only on parameters flagged `use_muon` (an unflagged one steps as SGD, without
-    a word), so every matrix is flagged here; bf16 Newton-Schulz ("standard") as torch's."""
+    Newton-Schulz only on parameters flagged `use_muon` (DeepSpeed's only way to be told; an
+    unflagged one steps as SGD, without a word), so every matrix is flagged here; bf16
+    Newton-Schulz ("standard") as torch's."""
+    # DeepSpeed exports it from nowhere else; ZeRO knows its Muon by this class
     from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
 
     for group in muon_groups:

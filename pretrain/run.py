@@ -31,7 +31,6 @@ from torch.utils.data import DataLoader
 from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import GPT2LMHeadModel, Trainer
 
-from common.cli import InputError
 from pretrain.args import PrecisionChoice, resolve_precision
 from pretrain.metrics import clock_trainer
 from pretrain.optim import MuonArguments, check_muon_fits, muon_optimizer
@@ -58,7 +57,7 @@ class TrainerRun(RunShell):
         # Read before Trainer exists: its Accelerator rewrites the launcher's variables.
         self.request = requested_strategy(self.training_args)
         check_request_fits_device(self.request, self.training_args.device)
-        check_muon_fits(self.args.optimizer, self.request, self.training_args.max_grad_norm)
+        check_muon_fits(self.args.optimizer, self.request, self.training_args)
 
     def precision(self) -> PrecisionChoice:
         return resolve_precision(self.training_args)
@@ -118,14 +117,7 @@ class MuonTrainer(Trainer):
         super().__init__(**kwargs)
         self.muon_args = muon_args
         plugin = self.accelerator.state.deepspeed_plugin
-        if not muon_args.muon or plugin is None:
-            return
-        if "optimizer" in plugin.deepspeed_config:
-            raise InputError(
-                "--muon builds DeepSpeed's Muon itself, but the DeepSpeed config names an "
-                "optimizer, which would replace it; remove its 'optimizer' section"
-            )
-        if plugin.zero_stage == 3:
+        if muon_args.muon and plugin is not None and plugin.zero_stage == 3:
             # ZeRO-3 runs Muon on all-reduced gradients only (it refuses reduce-scatter): the
             # same sums, more bytes; accelerate's config keys cannot set it.
             plugin.deepspeed_config["zero_optimization"]["reduce_scatter"] = False

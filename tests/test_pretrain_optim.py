@@ -128,14 +128,15 @@ def test_trainer_schedule_scales_every_group_alike(tmp_path):
     assert factors == pytest.approx([0.5] * len(peaks))
 
 
-def test_muon_is_refused_where_it_cannot_train_as_asked():
-    for accepted in (SINGLE_PROCESS, DATA_PARALLEL, "DEEPSPEED"):
-        check_muon_fits(MUON, Request(accepted), max_grad_norm=0.0)
-    check_muon_fits(MUON, Request("FSDP", fsdp_version=2), max_grad_norm=1.0)
+def test_muon_is_refused_where_it_cannot_train_as_asked(tmp_path):
+    unclipped = training_args(tmp_path, max_grad_norm=0.0)
+    for accepted in (SINGLE_PROCESS, DATA_PARALLEL):
+        check_muon_fits(MUON, Request(accepted), unclipped)
+    check_muon_fits(MUON, Request("FSDP", fsdp_version=2), training_args(tmp_path))
     with pytest.raises(InputError, match="--muon under FSDP needs fsdp_version: 2"):
-        check_muon_fits(MUON, Request("FSDP", fsdp_version=1), max_grad_norm=1.0)
+        check_muon_fits(MUON, Request("FSDP", fsdp_version=1), training_args(tmp_path))
     check_muon_fits(
-        MuonArguments(), Request("FSDP", fsdp_version=1), 1.0
+        MuonArguments(), Request("FSDP", fsdp_version=1), training_args(tmp_path)
     )  # AdamW: nothing to refuse
     with pytest.raises(InputError, match="the momentum < 1"):
         MuonArguments(muon=True, muon_momentum=1.0)
@@ -143,9 +144,62 @@ def test_muon_is_refused_where_it_cannot_train_as_asked():
         MuonArguments(muon=True, muon_learning_rate=-0.02)
 
 
+def deepspeed_launch(monkeypatch, tmp_path, config: dict | None = None, **variables: str):
+    """The variables accelerate launch sets for a DeepSpeed config: `config` as its
+    deepspeed_config_file, `variables` as its inline keys (ACCELERATE_<name>)."""
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    if config is not None:
+        config_file = tmp_path / "deepspeed.json"
+        config_file.write_text(json.dumps({"zero_optimization": {"stage": 2}, **config}))
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(config_file))
+    for name, value in variables.items():
+        monkeypatch.setenv(f"ACCELERATE_{name}", value)
+
+
+@pytest.mark.parametrize(
+    ("config", "variables", "refusal"),
+    [
+        (None, {}, None),  # accelerate's inline config clips as --max_grad_norm: 0
+        ({"gradient_clipping": "auto"}, {}, None),
+        ({"gradient_clipping": 0.0}, {}, None),
+        (None, {"GRADIENT_CLIPPING": "1.0"}, "config's gradient_clipping 1.0)"),
+        ({"gradient_clipping": 0.5}, {}, "config's gradient_clipping 0.5)"),
+        ({"optimizer": {"type": "AdamW"}}, {}, "remove its 'optimizer' section"),
+    ],
+)
+def test_muon_is_refused_a_deepspeed_config_that_clips_or_names_an_optimizer(
+    config, variables, refusal, monkeypatch, tmp_path
+):
+    """Both replace what Muon steps by (DeepSpeed clips the orthogonalised update; its own
+    optimizer replaces Muon): refused from the launch's variables, before Trainer exists."""
+    deepspeed_launch(monkeypatch, tmp_path, config, **variables)
+    unclipped = training_args(tmp_path, max_grad_norm=0.0)
+    if refusal is None:
+        check_muon_fits(MUON, Request("DEEPSPEED"), unclipped)
+    else:
+        with pytest.raises(InputError, match=re.escape(refusal)):
+            check_muon_fits(MUON, Request("DEEPSPEED"), unclipped)
+    with pytest.raises(InputError, match=r"gradient clipping \(--max_grad_norm 1\.0"):
+        check_muon_fits(MUON, Request("DEEPSPEED"), training_args(tmp_path, max_grad_norm=1.0))
+    check_muon_fits(MuonArguments(), Request("DEEPSPEED"), unclipped)  # AdamW: nothing to refuse
+
+
 @pytest.fixture
 def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
     return shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
+
+
+def test_a_deepspeed_optimizer_is_refused_for_muon_before_any_data_is_prepared(
+    data_paths, monkeypatch, tmp_path, capsys
+):
+    deepspeed_launch(monkeypatch, tmp_path, {"optimizer": {"type": "AdamW"}})
+    paths = data_paths | {"cache_dir": tmp_path / "cache"}
+    argv = tiny_run_argv(**paths, output_dir=tmp_path / "run")
+    assert main([*argv, "--muon", "true", "--max_grad_norm", "0"]) == 2
+    (error,) = capsys.readouterr().err.splitlines()
+    assert error.startswith("error: --muon") and "remove its 'optimizer' section" in error
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
 @pytest.mark.multiprocess
