@@ -55,6 +55,7 @@ from common.run_contract import (
     PARALLELISM_COMPARISON_VERSION,
 )
 from common.system import hardware_description, library_versions
+from common.values import POSITIVE, at_least
 from pretrain.metrics import Span, tokens_per_second
 from pretrain.run import parse_pretrain_args
 from report.tables import markdown_table
@@ -124,7 +125,11 @@ class ComparisonArguments:
         help="Strategies to run (in the order of the choices; single is added).",
         metadata={"choices": list(STRATEGY_SPECS)},
     )
-    num_processes: int = HfArg(default=2, help="Processes (GPUs with --device cuda) per strategy.")
+    num_processes: int = HfArg(
+        default=2,
+        help="Processes (GPUs with --device cuda) per strategy: the strategies split the work.",
+        metadata={"range": at_least(2)},
+    )
     device: str = HfArg(
         default="cpu",
         help="'cpu': the cpu_*.yaml accelerate configs, fp32, one thread per process; "
@@ -137,7 +142,10 @@ class ComparisonArguments:
         "cpu, pretrain/configs/gpt2_117m.yaml on cuda).",
     )
     max_steps: int = HfArg(
-        default=16, help="Optimizer steps per strategy (within one pass over the budget)."
+        default=16,
+        help="Optimizer steps per strategy (within one pass over the budget); the step time "
+        "leaves the first out.",
+        metadata={"range": at_least(2)},
     )
     global_batch_size: int = HfArg(
         default=16,
@@ -157,25 +165,17 @@ class ComparisonArguments:
         metadata={"choices": list(OPTIMIZER_FLAGS)},
     )
     timeout_minutes: float = HfArg(
-        default=60.0, help="Stop a strategy that runs longer and record it as failed."
+        default=60.0,
+        help="Stop a strategy that runs longer and record it as failed.",
+        metadata={"range": POSITIVE},
     )
     overwrite: bool = HfArg(default=False, help="Replace an existing --output_dir.")
 
     def __post_init__(self) -> None:
-        if self.num_processes < 2:
-            raise InputError(
-                f"--num_processes {self.num_processes}: the strategies split work across "
-                "processes; pass 2 or more"
-            )
         if self.global_batch_size % self.num_processes:
             raise InputError(
                 f"--global_batch_size {self.global_batch_size} does not split over "
                 f"--num_processes {self.num_processes}; pass a multiple of it"
-            )
-        if self.max_steps < 2:
-            raise InputError(
-                f"--max_steps {self.max_steps}: the step time leaves the first step out; "
-                "pass 2 or more"
             )
         if self.training_config is None:
             self.training_config = str(DEFAULT_TRAINING_CONFIGS[self.device])

@@ -37,6 +37,7 @@ from bench.variants import REPO_ROOT, finished_earlier, repo_environment, run_va
 from common.cli import entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.system import hardware_description, library_versions
+from common.values import POSITIVE
 from pretrain.blocks.cache import prepare_blocks
 from pretrain.run import parse_pretrain_args
 from report.tables import markdown_table
@@ -117,6 +118,7 @@ class AblationArguments:
         + ", ".join(f"{name} {scale.time_limit_s:g}" for name, scale in SCALES.items())
         + "): a row still running then is stopped; the table shows what finished, a "
         "rerun continues.",
+        metadata={"range": POSITIVE},
     )
     scale: str = HfArg(
         default="gpu",

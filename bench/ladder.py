@@ -30,16 +30,9 @@ from typing import NamedTuple
 from transformers.hf_argparser import HfArg
 
 from bench.compare_recipes import BASE_CONFIG, PROXY_FLAGS, RecipeBenchArguments, plan_runs, train
-from common.cli import InputError, check_ranges, entry_point, parse_args
+from common.cli import InputError, entry_point, parse_args
+from common.values import POSITIVE, at_least
 from report.tables import markdown_table
-
-LADDER_RANGES = {
-    "tokens_per_parameter": (lambda value: value > 0, "a positive number"),
-    **dict.fromkeys(
-        ["steps", "block_size", "num_threads", "num_parallel_runs"],
-        (lambda value: value >= 1, "at least 1"),
-    ),  # fmt: skip
-}
 
 
 @dataclass
@@ -55,21 +48,32 @@ class LadderArguments:
         default=None,
         help="Training tokens per parameter (embeddings counted) of every rung. Default: the "
         "course's, its tokens over GPT-2 117M's parameters with a 32,768 vocabulary.",
+        metadata={"range": POSITIVE},
     )
     steps: int | None = HfArg(
-        default=None, help="Optimizer steps of every rung. Default: the course's (184)."
+        default=None,
+        help="Optimizer steps of every rung. Default: the course's (184).",
+        metadata={"range": at_least(1)},
     )
-    block_size: int = HfArg(default=1024, help="Tokens per block (the course's 1024).")
+    block_size: int = HfArg(
+        default=1024, help="Tokens per block (the course's 1024).", metadata={"range": at_least(1)}
+    )
     num_threads: int = HfArg(
-        default=1, help="Torch threads per run: 1 keeps each seed's losses exactly repeatable."
+        default=1,
+        help="Torch threads per run: 1 keeps each seed's losses exactly repeatable.",
+        metadata={"range": at_least(1)},
     )
-    num_parallel_runs: int = HfArg(default=1, help="Runs at a time.")
+    num_parallel_runs: int = HfArg(
+        default=1, help="Runs at a time.", metadata={"range": at_least(1)}
+    )
     dry_run: bool = HfArg(default=False, help="Print the plan (no results) and train nothing.")
 
     def __post_init__(self) -> None:
-        if not self.shapes or not self.seeds:
-            raise InputError("--shapes and --seeds each need at least one value")
-        check_ranges(vars(self), LADDER_RANGES)
+        if len(set(self.shapes)) < 4 or not self.seeds:  # a fit of 3 parameters, one left out
+            raise InputError(
+                f"--shapes {' '.join(self.shapes)}: the fit needs at least 4 distinct shapes and "
+                "a seed; give 4 or more shapes"
+            )
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,26 @@
 """Command-line plumbing: each entry point is `main(argv)`, decorated with `entry_point`, reading
 its options with `parse_args` (flags over `--config FILE`). Bad input raises `InputError`, a run
 failing after good input `RunFailed`: one line on stderr, exit 2 or 3. Every number is finite, of
-its option's type, null only where it takes None, in its range (`check_ranges`), or refused."""
+its option's type, null only where it takes None, in the `Range` its field declares, or refused."""
 
 import argparse
 import functools
 import json
 import logging
-import math
 import shutil
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, is_dataclass
-from decimal import Decimal, InvalidOperation
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, NoReturn, get_args, get_type_hints
 
 import yaml
 from transformers import HfArgumentParser
-from transformers.hf_argparser import string_to_bool
 
 from common.system import build_extensions_in_this_environment, use_allotted_cores
+from common.values import TAKES, TRAINING_RANGES, integer, or_none, refusal
 
 EXIT_BAD_INPUT = 2
 # A run that failed after good input (diverged, disk full): for job scripts, not 1 nor 2.
@@ -107,6 +105,8 @@ def from_here(path: str | Path) -> str:
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON mapping of option names to values."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"config file {from_here(path)} is a folder; pass a YAML or JSON file")
     if not path.is_file():
         raise InputError(
             f"config file {from_here(path)} does not exist; pass an existing YAML or JSON file"
@@ -145,38 +145,13 @@ def config_path(argv: Sequence[str]) -> str | None:
     return paths[-1] if paths else None
 
 
-# A whole number's scale suffixes, as people write token budgets and step counts: 12M, 1.5k.
-SCALES = {"k": 10**3, "K": 10**3, "m": 10**6, "M": 10**6, "g": 10**9, "G": 10**9}
-
-
-def integer(text: str) -> int:
-    """Every integer option's type: a whole number in full (12000000, 12_000_000) or scaled."""
-    digits, scale = (text[:-1], SCALES[text[-1]]) if text[-1:] in SCALES else (text, 1)
-    try:
-        value = Decimal(digits.replace("_", "")) * scale
-    except InvalidOperation:
-        raise ValueError(text) from None
-    if not value.is_finite() or value != value.to_integral_value():
-        raise ValueError(text)
-    return int(value)
-
-
-def or_none(number: Callable[[str], Any]) -> Callable[[str], Any]:
-    """The type of a number option that takes None: `none` clears a config file's value."""
-
-    def convert(text: str) -> Any:
-        return None if text.lower() in ("none", "null") else number(text)
-
-    convert.number, convert.__name__ = number, number.__name__  # argparse names it in errors
-    return convert
-
-
 class CommandLineParser(HfArgumentParser):
     """TRL's `TrlParser` shape: `--config FILE` under the flags, `InputError`s, a group each."""
 
     def __init__(self, dataclass_types: Sequence[type], **kwargs: Any) -> None:
         # Every argument; those --help-all adds, with their help; each dataclass's; --a-b: --a_b.
-        self.actions, self.hidden, self.groups, self.spellings = [], {}, {}, {}
+        self.actions, self.hidden, self.groups, self.spellings, self.ranges = [], {}, {}, {}, {}
+        self.config, self.config_source = {}, ""
         self.owners = {f.name: d for d in dataclass_types for f in fields(d) if f.init}
         kwargs.setdefault("usage", "%(prog)s [--config FILE] [options]")
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)  # examples
@@ -188,6 +163,8 @@ class CommandLineParser(HfArgumentParser):
     def add_argument(self, *flags: str, **kwargs: Any) -> argparse.Action:
         # HfArgumentParser adds each field's option here (--x, --x-y: one), then maybe --no_x.
         name, default = kwargs.get("dest", flags[0].lstrip("-")), kwargs.get("default")
+        if declared := kwargs.pop("range", None) or TRAINING_RANGES.get(name):
+            self.ranges[name] = declared
         if kwargs.get("type") is int:
             kwargs["type"] = integer
         if kwargs.get("type") in (integer, float) and name in self.owners and self.nullable(name):
@@ -237,23 +214,29 @@ class CommandLineParser(HfArgumentParser):
         raise InputError(f"{message.rstrip('.')}; see --help")
 
     def parse_known_args(self, args=None, namespace=None):
-        """argparse's, where an unknown flag, a stray value or a number not finite is an error."""
+        """argparse's, where an unknown flag, a stray value or a value refused is an error."""
         parts = (arg.partition("=") for arg in (sys.argv[1:] if args is None else args))
         args = [self.spellings.get(flag, flag) + equals + value for flag, equals, value in parts]
         for action, text in self.hidden.items() if "--help-all" in args else ():
             action.help = text
         options = [flag for action in self.actions for flag in action.option_strings]
+        # Suggested: an option --help names that the flag begins (--max_train) or is close to;
+        # else a hidden one close to it.
+        brief = {name for dtype in self.groups for name in getattr(dtype, "brief_help_fields", ())}
+        named = [a for a in self.actions if a.help != argparse.SUPPRESS or a.dest in brief]
+        shown = [flag for action in named for flag in action.option_strings]
         flags = [arg.split("=")[0] for arg in args if arg.startswith("--")]
         for flag in (flag for flag in flags if flag not in [*options, "--"]):
-            hint = "".join(f" (did you mean {c}?)" for c in get_close_matches(flag, options, n=1))
+            close = [o for o in shown if o.startswith(flag)] or get_close_matches(flag, shown, n=1)
+            close = close or get_close_matches(flag, options, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
             raise InputError(f"unknown option {flag}{hint}; see --help")
         namespace, extra = super().parse_known_args(args, namespace)
         if extra:  # values no option takes
             raise InputError(f"unexpected argument {' '.join(extra)}; see --help")
-        for name, value in vars(namespace).items():  # float() takes "nan", YAML .nan
-            for item in value if isinstance(value, list) else [value]:
-                if isinstance(item, float) and not math.isfinite(item):
-                    raise InputError(f"--{name} is {item}; give a finite number")
+        for name in self.owners:
+            where = f" in config file {self.config_source}" * (name in self.config)
+            self.check(name, getattr(namespace, name), "" if f"--{name}" in flags else where)
         return namespace, extra
 
     def parse_dataclasses(self, args: list[str] | None = None) -> tuple[Any, ...]:
@@ -268,55 +251,41 @@ class CommandLineParser(HfArgumentParser):
 
     def set_config_defaults(self, config: Mapping[str, Any], source: str) -> None:
         """TrlParser's `set_defaults_with_config`, refusing a key no dataclass has."""
-        for key, value in config.items():
+        for key in config:
             if key not in self.owners:
                 close = get_close_matches(key, list(self.owners), n=1)
                 hint = f" (did you mean '{close[0]}'?)" if close else ""
                 raise InputError(f"unknown option '{key}' in config file {source}{hint}")
             for action in (action for action in self.actions if action.dest == key):
                 action.required = False
-                if refusal := self.refusal(action, value):
-                    raise InputError(f"option '{key}' in config file {source} is {refusal}")
         self.set_defaults(**config)
+        self.config, self.config_source = config, source
 
-    def refusal(self, action: argparse.Action, value: Any) -> str | None:
-        """Why `action` refuses a config file's `value`: argparse converts and checks strings."""
-        nullable, kind = self.nullable(action.dest), getattr(action.type, "number", action.type)
-        kinds = {integer: (int,), float: (int, float), string_to_bool: (bool,)}.get(kind)
-        takes = {integer: "an integer", float: "a number", string_to_bool: "true or false"}
-        for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
-            # A string is argparse's to convert; True is an int to Python, not to a number option.
-            mistyped = kinds is not None and item is not None and type(item) not in (str, *kinds)
-            if mistyped or (item is None and not nullable):
-                shown = "null" if value is None else repr(value)
-                return f"{shown}; it takes {takes.get(kind, 'a value')}"
-            if action.choices is not None and item is not None and item not in action.choices:
-                return f"{item!r}; choose from {', '.join(map(str, action.choices))}"
-        return None
-
-
-def check_ranges(values: Mapping[str, Any], ranges: Mapping[str, tuple], name: str = "--{}"):
-    """Refuse the first of `values` not a finite number in its range, naming it: `name`."""
-    for key, (fits, rule) in ranges.items():
-        value = values.get(key)
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if value is not None and not (number and math.isfinite(value) and fits(value)):
-            raise InputError(f"{name.format(key)} is {value!r}; give {rule}")
-
-
-# TrainingArguments' numbers that it leaves unchecked: a zero rate trains without a word.
-TRAINING_RANGES = {
-    "learning_rate": (lambda rate: rate > 0, "a positive number"),
-    "num_train_epochs": (lambda epochs: epochs > 0, "a positive number"),
-    "weight_decay": (lambda decay: decay >= 0, "a number >= 0"),
-    "adam_beta1": (lambda beta: 0 <= beta < 1, "a number in [0, 1)"),
-    "adam_beta2": (lambda beta: 0 <= beta < 1, "a number in [0, 1)"),
-    "adam_epsilon": (lambda epsilon: epsilon > 0, "a positive number"),
-    "max_grad_norm": (lambda norm: norm >= 0, "a number >= 0 (0: no clipping)"),
-    "per_device_train_batch_size": (lambda size: size >= 1, "at least 1"),
-    "per_device_eval_batch_size": (lambda size: size >= 1, "at least 1"),
-    "gradient_accumulation_steps": (lambda steps: steps >= 1, "at least 1"),
-}
+    def check(self, name: str, value: Any, where: str) -> None:
+        """Refuse option `name`'s `value` (`where` it was given) unless it is of its type (a
+        config file's is not argparse's to convert), null only where it takes None, one of its
+        choices, and a finite number in its range."""
+        action, declared = next(a for a in self.actions if a.dest == name), self.ranges.get(name)
+        kinds, takes = TAKES.get(getattr(action.type, "number", action.type), (None, "a value"))
+        if isinstance(declared, Mapping):  # a dict option's numbers, as a mapping or JSON text
+            values = json.loads(value) if isinstance(value, str) else value
+            keys = declared.items() if isinstance(values, Mapping) else ()
+            items = [(f"--{name} {key}", values.get(key), each) for key, each in keys]
+        else:
+            many = isinstance(value, list) and action.nargs in ("+", "*")
+            items = [(f"--{name}", item, declared) for item in (value if many else [value])]
+        for flag, item, declared in items:
+            if item is None:
+                why = takes if where and not self.nullable(name) else None  # a config's null
+            elif kinds and type(item) not in kinds:  # True is an int to Python, not a number
+                why = takes
+            elif action.choices is not None and item not in action.choices:
+                why = f"one of {', '.join(map(str, action.choices))}"
+            else:
+                why = refusal(item, declared)
+            if why:
+                shown = "null" if item is None else repr(item)
+                raise InputError(f"{flag} is {shown}{where}; give {why}")
 
 
 def parse_args(dataclass_types: Sequence[type], argv: list[str] | None = None, **options: Any):

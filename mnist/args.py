@@ -8,7 +8,7 @@ from typing import Literal
 
 from transformers.hf_argparser import HfArg
 
-from common.cli import check_ranges
+from common.values import BELOW_ONE, POSITIVE, Range, at_least
 
 
 @dataclass
@@ -43,10 +43,16 @@ class MnistArguments:
         "(default: runs/mnist_<trainer>).",
     )
     overwrite: bool = HfArg(default=False, help="Replace --output_dir if it already exists.")
-    epochs: int = HfArg(default=10, help="Passes over the training set.")
-    batch_size: int = HfArg(default=32, help="Digits per optimizer step.")
+    epochs: int = HfArg(
+        default=10, help="Passes over the training set.", metadata={"range": at_least(1)}
+    )
+    batch_size: int = HfArg(
+        default=32, help="Digits per optimizer step.", metadata={"range": at_least(1)}
+    )
     learning_rate: float = HfArg(
-        default=2.0e-3, help="Peak learning rate (suits adam; sgd wants about 0.05)."
+        default=2.0e-3,
+        help="Peak learning rate (suits adam; sgd wants about 0.05).",
+        metadata={"range": POSITIVE},
     )
     optimizer: Literal["adam", "sgd"] = HfArg(default="adam", help="adam, or sgd with --momentum.")
     lr_schedule: Literal["onecycle", "constant"] = HfArg(
@@ -59,10 +65,13 @@ class MnistArguments:
         help="Train on randomly rotated, scaled and shifted digits (LeCun 1998's "
         "distortions); test digits are never distorted.",
     )
-    momentum: float = HfArg(default=0.9, help="Momentum of sgd (unused by adam).")
+    momentum: float = HfArg(
+        default=0.9, help="Momentum of sgd (unused by adam).", metadata={"range": BELOW_ONE}
+    )
     val_fraction: float = HfArg(
         default=0.1,
         help="Share of each class of the training set held out for validation (0 = none).",
+        metadata={"range": BELOW_ONE},
     )
     seed: int = HfArg(default=0, help="Seed of initialisation and shuffling.")
     device: str = HfArg(
@@ -77,25 +86,15 @@ class MnistArguments:
         default=0, help="DataLoader worker processes (ignored with on_device_data)."
     )
     log_every_n_steps: int = HfArg(
-        default=10, help="Log train/loss and train/acc every this many steps."
+        default=10,
+        help="Log train/loss and train/acc every this many steps.",
+        metadata={"range": at_least(1)},
     )
     num_projector_digits: int = HfArg(
         default=500, help="Test digits shown in TensorBoard's embedding projector."
     )
     max_steps: int = HfArg(
-        default=-1, help="Stop after this many optimizer steps in total (-1: run all epochs)."
+        default=-1,
+        help="Stop after this many optimizer steps in total (-1: run all epochs).",
+        metadata={"range": Range(lambda steps: steps > 0 or steps == -1, "at least 1, or -1")},
     )
-
-    def __post_init__(self) -> None:
-        check_ranges(
-            vars(self),
-            {
-                "epochs": (lambda epochs: epochs >= 1, "at least 1"),
-                "batch_size": (lambda size: size >= 1, "at least 1"),
-                "learning_rate": (lambda rate: rate > 0, "a positive number"),
-                "momentum": (lambda momentum: 0 <= momentum < 1, "a number in [0, 1)"),
-                "val_fraction": (lambda share: 0 <= share < 1, "a number in [0, 1)"),
-                "log_every_n_steps": (lambda steps: steps >= 1, "at least 1"),
-                "max_steps": (lambda steps: steps > 0 or steps == -1, "a positive number or -1"),
-            },
-        )

@@ -27,8 +27,9 @@ from transformers.hf_argparser import HfArg
 from transformers.integrations import get_available_reporting_integrations
 from transformers.utils.import_utils import enable_tf32
 
-from common.cli import TRAINING_RANGES, InputError, check_ranges, parse_args
+from common.cli import InputError, parse_args
 from common.corpus import CorpusArguments
+from common.values import BELOW_ONE, NOT_NEGATIVE, POSITIVE, Range, at_least
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.args import DataArguments
 from pretrain.loss import LOSS_IMPLEMENTATIONS
@@ -56,6 +57,7 @@ class ModelArguments:
         default=0.0,
         help="Dropout on embeddings, attention and residuals; 0: one pass over the "
         "data cannot overfit, and dropout slows learning.",
+        metadata={"range": BELOW_ONE},
     )
     attn_implementation: str = HfArg(
         default="sdpa",
@@ -98,20 +100,12 @@ class ModelArguments:
         )
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout < 1.0:
-            raise InputError(f"--dropout {self.dropout} must be in [0, 1), e.g. 0.1")
         if self.activation_function not in ACT2FN:
             close = difflib.get_close_matches(self.activation_function, list(ACT2FN), n=1)
             raise InputError(
                 f"--activation_function {self.activation_function} is not one of transformers' "
                 f"activations{f' (did you mean {close[0]}?)' if close else ''}"
             )
-
-
-REPORT_RANGES = {
-    "expected_final_loss": (lambda loss: loss > 0, "a positive number of nats"),
-    "expected_final_loss_margin": (lambda margin: margin >= 0, "a number >= 0"),
-}
 
 
 @dataclass
@@ -122,6 +116,7 @@ class ReportArguments:
         default=5,
         help="The final loss is the mean of this many last logged training losses "
         "(each already a mean over --logging_steps steps).",
+        metadata={"range": at_least(1)},
     )
     loss_threshold: float = HfArg(
         default=7.0, help="The run passes when its final loss is below this value."
@@ -130,14 +125,18 @@ class ReportArguments:
         default=None,
         help="Peak TFLOP/s of one device, for MFU. Default: looked up from the GPU name "
         "(dense 16-bit tensor-core peak); no MFU on CPU unless given.",
+        metadata={"range": POSITIVE},
     )
     expected_final_loss: float | None = HfArg(
         default=None,
         help="The final loss predicted for this run (the course config's: bench.ladder's fit, "
         "docs/BENCHMARKS.md), recorded beside the measured one; check-gpu prints it.",
+        metadata={"range": POSITIVE},
     )
     expected_final_loss_margin: float = HfArg(
-        default=0.0, help="Half-width of that prediction's interval, in nats."
+        default=0.0,
+        help="Half-width of that prediction's interval, in nats.",
+        metadata={"range": NOT_NEGATIVE},
     )
 
     @property
@@ -147,13 +146,6 @@ class ReportArguments:
             return None
         return self.expected_final_loss, self.expected_final_loss_margin
 
-    def __post_init__(self) -> None:
-        check_ranges(vars(self), REPORT_RANGES)
-        if self.final_loss_window < 1:
-            raise InputError(f"--final_loss_window {self.final_loss_window} must be at least 1")
-        if self.peak_tflops is not None and self.peak_tflops <= 0:
-            raise InputError(f"--peak_tflops {self.peak_tflops} must be positive")
-
 
 @dataclass
 class GenerateArguments:
@@ -161,30 +153,22 @@ class GenerateArguments:
 
     run_dir: str = HfArg(help="Run folder (uses its final/ model) or a model folder (checkpoint).")
     prompt: str = HfArg(default="", help="Text to continue; empty starts from end-of-text.")
-    max_new_tokens: int = HfArg(default=60, help="Tokens to sample per text.")
-    num_samples: int = HfArg(default=1, help="How many continuations to print.")
-    temperature: float = HfArg(default=0.8, help="Softmax temperature: lower is more conservative.")
-    top_k: int = HfArg(default=50, help="Sample among the k most likely tokens.")
+    max_new_tokens: int = HfArg(
+        default=60, help="Tokens to sample per text.", metadata={"range": at_least(1)}
+    )
+    num_samples: int = HfArg(
+        default=1, help="How many continuations to print.", metadata={"range": at_least(1)}
+    )
+    temperature: float = HfArg(
+        default=0.8,
+        help="Softmax temperature: lower is more conservative.",
+        metadata={"range": POSITIVE},
+    )
+    top_k: int = HfArg(
+        default=50, help="Sample among the k most likely tokens.", metadata={"range": at_least(1)}
+    )
     seed: int = HfArg(default=0, help="Random seed, for repeatable samples.")
     device: str = HfArg(default="auto", help="'auto' (a GPU if there is one), 'cpu' or 'cuda'.")
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.num_samples < 1 or self.top_k < 1:
-            raise InputError("--max_new_tokens, --num_samples and --top_k must be at least 1")
-        if self.temperature <= 0:
-            raise InputError(f"--temperature {self.temperature} must be positive")
-
-
-# The numbers of --lr_scheduler_kwargs that our configs give their schedules, which transformers
-# leaves unchecked (a NaN decay trains at rate 0); num_decay_steps may be a share of the steps.
-SCHEDULE_RANGES = {
-    "num_decay_steps": (
-        lambda steps: 0 < steps < 1 or (steps >= 0 and steps == int(steps)),
-        "a whole number of steps or a share of the steps in (0, 1), e.g. 0.65",
-    ),
-    "min_lr_ratio": (lambda ratio: 0 <= ratio <= 1, "a number in [0, 1], e.g. 0.05"),
-    "min_lr_rate": (lambda ratio: 0 <= ratio <= 1, "a number in [0, 1], e.g. 0.1"),
-}
 
 
 @dataclass
@@ -239,6 +223,25 @@ class PretrainTrainingArguments(TrainingArguments):
         default="tensorboard",
         help="Where Trainer logs: TensorBoard always (the report reads it), and these.",
     )
+    # The numbers our configs give their schedules, which transformers leaves unchecked (a NaN
+    # decay trains at rate 0).
+    lr_scheduler_kwargs: dict | str | None = HfArg(
+        default=None,
+        help="The schedule's options, e.g. warmup_stable_decay's {num_decay_steps: 0.65, "
+        "min_lr_ratio: 0.05}; num_decay_steps: steps, or a share of the steps.",
+        metadata={
+            "range": {
+                "num_decay_steps": Range(
+                    lambda steps: 0 < steps < 1 or (steps >= 0 and steps == int(steps)),
+                    "a whole number of steps or a share of the steps in (0, 1), e.g. 0.65",
+                ),
+                **dict.fromkeys(
+                    ["min_lr_ratio", "min_lr_rate"],
+                    Range(lambda ratio: 0 <= ratio <= 1, "a number in [0, 1]"),
+                ),
+            }
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.disable_tqdm is None:
@@ -246,8 +249,6 @@ class PretrainTrainingArguments(TrainingArguments):
         super().__post_init__()
         if self.use_cpu:  # transformers pins no memory then: no copy to a device to overlap
             self.accelerator_config.non_blocking = False
-        check_ranges(vars(self), TRAINING_RANGES)
-        check_ranges(self.lr_scheduler_kwargs or {}, SCHEDULE_RANGES, "lr_scheduler_kwargs.{}")
         if "tensorboard" not in self.report_to:
             self.report_to = [*self.report_to, "tensorboard"]
         # Refused now, not as a traceback when Trainer starts: what needs the network or a

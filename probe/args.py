@@ -12,9 +12,10 @@ from transformers import TrainingArguments
 from transformers.hf_argparser import HfArg
 from transformers.trainer_utils import SaveStrategy
 
-from common.cli import TRAINING_RANGES, InputError, check_ranges
+from common.cli import InputError
 from common.corpus import CorpusArguments
 from common.run_contract import PROBE_METHODS
+from common.values import SHARE, at_least
 from probe.features import MEAN, Pooling
 
 LabelLevel = Literal["domain", "area", "combined"]
@@ -44,7 +45,9 @@ class ProbeArguments:
         "Meta-data/Data.xlsx of the corpus when it has one, else classes are numbers.",
     )
     test_fraction: float = HfArg(
-        default=0.2, help="Share of each class's documents held out for testing."
+        default=0.2,
+        help="Share of each class's documents held out for testing.",
+        metadata={"range": SHARE},
     )
     split_seed: int = HfArg(
         default=0, help="Key of the document hash that orders each class for the split."
@@ -54,6 +57,7 @@ class ProbeArguments:
         help="Tokens per document, end-of-text included: longer documents keep their "
         f"beginning. Default: the run's pretraining block size, at most {DEFAULT_MAX_LENGTH}; "
         "more is refused (positions past the block size were never trained).",
+        metadata={"range": at_least(2)},
     )
     pooling: Pooling = HfArg(
         default=MEAN,
@@ -85,13 +89,6 @@ class ProbeArguments:
     )
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.test_fraction < 1.0:
-            raise InputError(
-                f"--test_fraction {self.test_fraction} must be between 0 and 1 (exclusive), "
-                "e.g. 0.2"
-            )
-        if self.max_length is not None and self.max_length < 2:
-            raise InputError(f"--max_length {self.max_length} is too small; pass at least 2")
         unknown = sorted(set(self.methods) - set(PROBE_METHODS))
         if unknown or not self.methods:
             raise InputError(
@@ -158,7 +155,6 @@ class ProbeTrainingArguments(TrainingArguments):
         if self.bf16 is None:
             self.bf16 = not self.use_cpu and cuda.is_available() and cuda.is_bf16_supported()
         super().__post_init__()
-        check_ranges(vars(self), TRAINING_RANGES)
 
 
 class ProbeCommand(NamedTuple):

@@ -1,4 +1,4 @@
-"""The scaling ladder: the fit recovers a known law and predicts the rung left out, and two tiny
+"""The scaling ladder: the fit recovers a known law and predicts the rung left out, and four tiny
 rungs train the course recipe at their shapes, each with the batch its tokens per parameter
 give, on the same held-out blocks, tabulated, and read back when run again."""
 
@@ -54,15 +54,18 @@ def test_the_fit_text_names_the_rung_left_out_and_the_prediction():
     assert f"N = {COURSE_N:,}): {law(COURSE_N):.3f} +- 0.000" in text
 
 
+SHAPES = ["1x64", "2x64", "3x64", "4x64"]
+
+
 @pytest.mark.slow
-def test_two_tiny_rungs_train_with_the_batch_of_their_tokens_per_parameter(
+def test_four_tiny_rungs_train_with_the_batch_of_their_tokens_per_parameter(
     wos_corpus_dir, tiny_tokenizer_dir, tmp_path, capsys
 ):
     output_dir, per_parameter, steps, block_size = tmp_path / "ladder", 0.005, 3, 32
     argv = [
         "--tokenizer_dir", str(tiny_tokenizer_dir),
         "--output_dir", str(output_dir),
-        "--shapes", "1x64", "2x64",
+        "--shapes", *SHAPES,
         "--seeds", "0",
         "--tokens_per_parameter", str(per_parameter),
         "--steps", str(steps),
@@ -75,11 +78,10 @@ def test_two_tiny_rungs_train_with_the_batch_of_their_tokens_per_parameter(
     assert ladder.main(argv) == 0
     table = capsys.readouterr().out
     assert table == (output_dir / "table.md").read_text()
-    assert "No fit: the fit needs at least 4 rungs with a result, not 2." in table
     paths = sorted(output_dir.glob(f"runs/*/*/seed0/{GPT_SUMMARY_FILE}"))
     summaries = [json.loads(path.read_text()) for path in paths]
     by_shape = {s["config"]["ModelArguments"]["model_preset"]: s for s in summaries}
-    assert sorted(by_shape) == ["1x64", "2x64"]
+    assert sorted(by_shape) == SHAPES
     batches = []
     for shape, summary in by_shape.items():
         training, model = summary["config"]["TrainingArguments"], summary["config"]["model_config"]
@@ -95,9 +97,9 @@ def test_two_tiny_rungs_train_with_the_batch_of_their_tokens_per_parameter(
         assert f"{row} {batch} | {steps} |" in table
         assert f"| {summary['eval_loss']:.3f} | {summary['eval_loss']:.3f} |" in table
         batches.append(batch)
-    assert batches[0] < batches[1]  # the deeper rung has more parameters, so a larger batch
+    assert batches == sorted(batches)  # a deeper rung has more parameters, so a larger batch
     validation = [s["data"]["splits"]["validation"] for s in summaries]
-    assert validation[0] == validation[1]
+    assert all(split == validation[0] for split in validation)
 
     # Again: every run is read back, not trained.
     written = [path.stat().st_mtime_ns for path in paths]
@@ -111,8 +113,13 @@ def test_a_bad_shape_or_budget_is_one_error_line_before_any_run(
 ):
     argv = ["--tokenizer_dir", str(tiny_tokenizer_dir), "--output_dir", str(tmp_path / "ladder")]
     corpus = ["--", "--corpus", str(wos_corpus_dir)]
-    assert ladder.main([*argv, "--shapes", "1x64", "2x100", *corpus]) == 2
+    assert ladder.main([*argv, "--shapes", "1x64", "2x64", "3x64", "2x100", *corpus]) == 2
     assert capsys.readouterr().err.startswith("error: model shape '2x100' needs at least 1 layer")
+    assert ladder.main([*argv, "--shapes", "1x64", "2x64", "3x64", "3x64", *corpus]) == 2
+    assert capsys.readouterr().err == (
+        "error: --shapes 1x64 2x64 3x64 3x64: the fit needs at least 4 distinct shapes and a "
+        "seed; give 4 or more shapes\n"
+    )
     assert ladder.main([*argv, "--steps", "0", *corpus]) == 2
     assert capsys.readouterr().err == "error: --steps is 0; give at least 1\n"
     assert not (tmp_path / "ladder").exists()

@@ -137,7 +137,7 @@ def test_a_value_post_init_rejects_is_an_input_error(tmp_path):
 def test_invalid_value_in_the_config_file_is_an_input_error(tmp_path):
     config = write(tmp_path, "c.yaml", "optimizer: rmsprop\n")
     with pytest.raises(
-        InputError, match="'optimizer' in config file .* 'rmsprop'; choose from adam, sgd"
+        InputError, match="^--optimizer is 'rmsprop' in config file .*; give one of adam, sgd$"
     ):
         parse_args([ExampleArguments], ["--config", config])
 
@@ -182,13 +182,13 @@ def test_none_on_the_command_line_clears_a_config_s_number_where_the_option_take
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("learning_rate: [1.0e-3]", "'learning_rate' in config .* \\[0.001\\]; it takes a number"),
-        ("learning_rate: {peak: 1}", "'learning_rate' .* is \\{'peak': 1\\}; it takes a number"),
-        ("batch_size: 4.5", "'batch_size' in config file .* is 4.5; it takes an integer"),
-        ("batch_size: true", "'batch_size' in config file .* is True; it takes an integer"),
-        ("shuffle: 1", "'shuffle' in config file .* is 1; it takes true or false"),
-        ("batch_size: null", "'batch_size' in config file .* is null; it takes an integer"),
-        ("learning_rate: .nan", "^--learning_rate is nan; give a finite number$"),
+        ("learning_rate: [1.0e-3]", "^--learning_rate is \\[0.001\\] in config .*; give a number$"),
+        ("learning_rate: {peak: 1}", "^--learning_rate is \\{'peak': 1\\} in .*; give a number$"),
+        ("batch_size: 4.5", "^--batch_size is 4.5 in config file .*; give an integer$"),
+        ("batch_size: true", "^--batch_size is True in config file .*; give an integer$"),
+        ("shuffle: 1", "^--shuffle is 1 in config file .*; give true or false$"),
+        ("batch_size: null", "^--batch_size is null in config file .*; give an integer$"),
+        ("learning_rate: .nan", "^--learning_rate is nan in config file .*; give a finite number$"),
         ("batch_size: 4\nbatch_size: 8", "YAML/JSON: the key 'batch_size' is given twice"),
     ],
 )  # fmt: skip
@@ -525,6 +525,7 @@ def test_pretrain_invalid_value_is_one_line(argv, message, capsys):
 PRETRAIN_REQUIRED = ["--corpus", "c.txt", "--tokenizer_dir", "tok"]
 WSD = [*PRETRAIN_REQUIRED, "--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs"]
 DECAY_RULE = "give a whole number of steps or a share of the steps in (0, 1), e.g. 0.65"
+DECAY_STEPS = "--lr_scheduler_kwargs num_decay_steps"
 
 
 @pytest.mark.parametrize(
@@ -537,15 +538,23 @@ DECAY_RULE = "give a whole number of steps or a share of the steps in (0, 1), e.
         ("pretrain.run", [*PRETRAIN_REQUIRED, "--adam_beta2", "1"],
          "--adam_beta2 is 1.0; give a number in [0, 1)"),
         ("pretrain.run", [*WSD, '{"num_decay_steps": NaN}'],
-         f"lr_scheduler_kwargs.num_decay_steps is nan; {DECAY_RULE}"),
+         f"{DECAY_STEPS} is nan; give a finite number"),
         ("pretrain.run", [*WSD, '{"num_decay_steps": "abc"}'],
-         f"lr_scheduler_kwargs.num_decay_steps is 'abc'; {DECAY_RULE}"),
+         f"{DECAY_STEPS} is 'abc'; {DECAY_RULE}"),
         ("pretrain.run", [*WSD, '{"num_decay_steps": 1.5}'],
-         f"lr_scheduler_kwargs.num_decay_steps is 1.5; {DECAY_RULE}"),
+         f"{DECAY_STEPS} is 1.5; {DECAY_RULE}"),
         ("pretrain.run", [*WSD, '{"num_decay_steps": -0.1}'],
-         f"lr_scheduler_kwargs.num_decay_steps is -0.1; {DECAY_RULE}"),
+         f"{DECAY_STEPS} is -0.1; {DECAY_RULE}"),
         ("pretrain.run", [*WSD, '{"min_lr_ratio": 1.5}'],
-         "lr_scheduler_kwargs.min_lr_ratio is 1.5; give a number in [0, 1], e.g. 0.05"),
+         "--lr_scheduler_kwargs min_lr_ratio is 1.5; give a number in [0, 1]"),
+        ("pretrain.run", [*PRETRAIN_REQUIRED, "--max_train_tokens", "1e30"],
+         f"--max_train_tokens is {10**30}; give 1 to 10**12 tokens"),
+        ("pretrain.run", [*PRETRAIN_REQUIRED, "--dropout", "1"],
+         "--dropout is 1.0; give a number in [0, 1)"),
+        ("pretrain.generate", ["--run_dir", "r", "--top_k", "0"], "--top_k is 0; give at least 1"),
+        ("probe.run", ["--run_dir", "r", "--corpus", "c", "--test_fraction", "1"],
+         "--test_fraction is 1.0; give a number in (0, 1)"),
+        ("mnist.train", ["--max_steps", "0"], "--max_steps is 0; give at least 1, or -1"),
         ("probe.run", ["--run_dir", "r", "--corpus", "c", "--weight_decay", "-1"],
          "--weight_decay is -1.0; give a number >= 0"),
         ("mnist.train", ["--momentum", "1.5"], "--momentum is 1.5; give a number in [0, 1)"),
@@ -558,6 +567,38 @@ def test_a_number_not_finite_or_out_of_its_range_is_refused_naming_its_option(
 ):
     assert importlib.import_module(module).main(argv) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_a_range_is_checked_in_a_config_file_as_on_the_command_line(tmp_path, capsys):
+    from pretrain.run import main, parse_pretrain_args
+
+    config = write(tmp_path, "c.yaml", "lr_scheduler_kwargs: {num_decay_steps: 2.5}\n")
+    assert main([*PRETRAIN_REQUIRED, "--config", config]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"error: {DECAY_STEPS} is 2.5 in config file {config}; {DECAY_RULE}\n"
+    )
+    config = write(tmp_path, "d.yaml", "learning_rate: 0\n")
+    assert main([*PRETRAIN_REQUIRED, "--config", config]) == 2
+    assert capsys.readouterr().err.startswith("error: --learning_rate is 0 in config file ")
+    args = parse_pretrain_args([*PRETRAIN_REQUIRED, "--config", config, "--learning_rate", "0.1"])
+    assert args.training.learning_rate == 0.1  # the flag wins over the file's value
+
+
+def test_a_mistyped_flag_is_answered_with_an_option_help_names_a_prefix_first(capsys):
+    from pretrain.run import main
+
+    assert main([*PRETRAIN_REQUIRED, "--max_train", "12M"]) == 2
+    assert capsys.readouterr().err == (
+        "error: unknown option --max_train (did you mean --max_train_tokens?); see --help\n"
+    )
+    assert main([*PRETRAIN_REQUIRED, "--learning_rte", "0.1"]) == 2
+    assert "(did you mean --learning_rate?)" in capsys.readouterr().err
+
+
+def test_a_config_that_is_a_folder_is_named_as_one(tmp_path):
+    with pytest.raises(InputError, match=f"^config file {tmp_path} is a folder; pass a YAML or"):
+        parse_args([ExampleArguments], ["--config", str(tmp_path)])
 
 
 def test_atomic_dir_leaves_nothing_on_failure(tmp_path):

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from pretrain_runs import REPO_ROOT, run_script_command, small_disk, subprocess_
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from common.cli import InputError
+from common.cli import InputError, parse_args
 from common.corpus import CorpusArguments, document_hashes, iter_documents
 from common.tokenization import PIECE_CHARS, tokenize_documents, tokenize_stream
 from pretrain.blocks.args import DataArguments
@@ -557,14 +558,16 @@ def test_bad_input_is_one_line_and_exit_2(
         assert list(cache_dir.iterdir()) == []
 
 
-def test_bad_settings_are_refused_when_the_arguments_are_made(tiny_tokenizer_dir, tmp_path):
-    for overrides, message in (
-        ({"validation_fraction": 0.0}, "--validation_fraction"),
-        ({"block_size": 1}, "--block_size 1"),
-        ({"max_train_tokens": 0}, "--max_train_tokens 0"),
+def test_bad_settings_are_refused_when_the_arguments_are_parsed(tiny_tokenizer_dir, tmp_path):
+    for flags, message in (
+        (["--validation_fraction", "0"], "--validation_fraction is 0.0; give a number in (0, 1)"),
+        (["--block_size", "1"], "--block_size is 1; give at least 2"),
+        (["--max_train_tokens", "0"], "--max_train_tokens is 0; give 1 to 10**12 tokens"),
+        (["--max_train_tokens", "2e12"], f"--max_train_tokens is {2 * 10**12}; give 1 to 10**12"),
     ):
-        with pytest.raises(InputError, match=message):
-            data_args_for(tiny_tokenizer_dir, tmp_path, **overrides)
+        argv = ["--tokenizer_dir", str(tiny_tokenizer_dir), "--cache_dir", str(tmp_path), *flags]
+        with pytest.raises(InputError, match=f"^{re.escape(message)}"):
+            parse_args([DataArguments], argv)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg
 
-from common.cli import InputError
+from common.values import SHARE, Range, at_least
 
 
 @dataclass
@@ -22,15 +22,22 @@ class DataArguments:
         default="data/cache",
         help="Folder that holds the packed-block caches, one subfolder per input.",
     )
-    block_size: int = HfArg(default=1024, help="Tokens per training example (the context length).")
+    block_size: int = HfArg(
+        default=1024,
+        help="Tokens per training example (the context length).",
+        metadata={"range": at_least(2)},
+    )
     validation_fraction: float = HfArg(
         default=0.005,
         help="Share of documents held out for validation (at least enough for one block).",
+        metadata={"range": SHARE},
     )
     max_train_tokens: int | None = HfArg(
         default=None,
         help="Token budget (12000000, or 12M): keep exactly ceil(max_train_tokens / "
         "block_size) training blocks, a seeded random sample of the corpus (default: all).",
+        # 10**12: a trillion tokens, weeks of a GPU node for GPT-2 117M, beyond any run here.
+        metadata={"range": Range(lambda tokens: 1 <= tokens <= 10**12, "1 to 10**12 tokens")},
     )
     repeat_corpus: bool = HfArg(
         default=False,
@@ -43,14 +50,3 @@ class DataArguments:
         help="Seed of the document hash that picks the validation split and of the "
         "shuffle that picks the budget's training blocks.",
     )
-
-    def __post_init__(self) -> None:
-        if self.block_size < 2:
-            raise InputError(f"--block_size {self.block_size} is too small; pass at least 2")
-        if not 0.0 < self.validation_fraction < 1.0:
-            raise InputError(
-                f"--validation_fraction {self.validation_fraction} must be between 0 and 1 "
-                "(exclusive), e.g. 0.005"
-            )
-        if self.max_train_tokens is not None and self.max_train_tokens < 1:
-            raise InputError(f"--max_train_tokens {self.max_train_tokens} must be at least 1")
