@@ -45,22 +45,6 @@ def setup_logging(level: int = logging.INFO) -> None:
     logging.getLogger("tensorboard").setLevel(max(level, logging.WARNING))  # a line per folder
 
 
-def elapsed_and_left(elapsed: float, done: int, total: int) -> str:
-    """'2m10s elapsed, 14m40s left' after `done` of `total` steps (or epochs), the time left at
-    the pace so far: the end of every progress line."""
-    left = elapsed / done * (total - done) if done else None
-    return f"{duration(elapsed)} elapsed, {'?' if left is None else duration(left)} left"
-
-
-def duration(seconds: float) -> str:
-    """12s, 2m10s, 1h02m."""
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return (
-        f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-    )
-
-
 def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[..., int]:
     """Wrap `main(argv)`: set up logging, torch's threads and extensions folder; `InputError`
     is one line and exit 2, `RunFailed` 3."""

@@ -189,3 +189,19 @@ def read_gpt_summary(
     if summary.get("summary_version") == GPT_SUMMARY_VERSION and missing:
         raise InputError(f"{path} is damaged: it lacks {', '.join(missing)}")
     return summary
+
+
+def elapsed_and_left(elapsed: float, done: int, total: int) -> str:
+    """'2m10s elapsed, 14m40s left' after `done` of `total` steps (or epochs), the time left at
+    the pace so far: the end of every progress line."""
+    left = elapsed / done * (total - done) if done else None
+    return f"{duration(elapsed)} elapsed, {'?' if left is None else duration(left)} left"
+
+
+def duration(seconds: float) -> str:
+    """12s, 2m10s, 1h02m."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return (
+        f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+    )

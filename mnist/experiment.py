@@ -17,9 +17,9 @@ import torch
 from lightning.fabric.utilities.seed import seed_everything
 from torch import nn
 
-from common.cli import InputError, elapsed_and_left, parse_args
+from common.cli import InputError, parse_args
 from common.files import atomic_dir, write_json_atomic
-from common.run_contract import MNIST_METRICS_FILE, MNIST_MODEL_FILE
+from common.run_contract import MNIST_METRICS_FILE, MNIST_MODEL_FILE, elapsed_and_left
 from common.system import hardware_description, library_versions
 from mnist.args import MnistArguments
 from mnist.data import DigitSplits, load_digit_splits

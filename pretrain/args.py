@@ -211,8 +211,7 @@ class PretrainTrainingArguments(TrainingArguments):
     )
     check_free_memory: bool = HfArg(
         default=True,
-        help="On the CPU, refuse a run whose first step needs more memory than is free when it "
-        "starts (it would meet the out-of-memory killer); false: start it anyway.",
+        help="On the CPU, refuse a run that needs more memory than is free (false: start it).",
     )
     disable_tqdm: bool | None = HfArg(
         default=None,
@@ -227,8 +226,8 @@ class PretrainTrainingArguments(TrainingArguments):
     # decay trains at rate 0).
     lr_scheduler_kwargs: dict | str | None = HfArg(
         default=None,
-        help="The schedule's options, e.g. warmup_stable_decay's {num_decay_steps: 0.65, "
-        "min_lr_ratio: 0.05}; num_decay_steps: steps, or a share of the steps.",
+        help="The schedule's options: {num_decay_steps: 0.65 (steps, or a share of them), "
+        "min_lr_ratio: 0.05}.",
         metadata={
             "range": {
                 "num_decay_steps": Range(

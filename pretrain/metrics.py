@@ -38,7 +38,7 @@ from transformers import (
 )
 from transformers.integrations import TensorBoardCallback
 
-from common.cli import InputError, elapsed_and_left
+from common.cli import InputError
 from common.run_contract import (
     GPT_TIME_BUDGET_PARTS,
     GPU_MEMORY_USED,
@@ -52,6 +52,7 @@ from common.run_contract import (
     TIME_OTHER,
     TIME_STEPS,
     TOKENS_PER_SECOND,
+    elapsed_and_left,
 )
 from pretrain.args import PretrainArguments
 from pretrain.loss import DEFAULT_CHUNK_SIZE

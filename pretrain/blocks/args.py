@@ -41,9 +41,8 @@ class DataArguments:
     )
     repeat_corpus: bool = HfArg(
         default=False,
-        help="Allow a corpus of any size below --max_train_tokens: repeat it (reshuffled "
-        "each pass) to fill the budget. Without it a training split up to 25%% short is "
-        "topped up so (in one line) and a shorter one is an error.",
+        help="Repeat a corpus of any size to fill --max_train_tokens (reshuffled each pass); "
+        "without it only a split up to 25%% short is topped up.",
     )
     split_seed: int = HfArg(
         default=0,
