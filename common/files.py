@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import filelock
@@ -97,22 +97,43 @@ def finite_or_null(data: Any) -> Any:
 def file_digests(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
     """Size and xxh3-64 digest of every file under `folder` (relative POSIX path -> record),
     those named in `skip` left out; fast enough (several GB/s) to check on every reuse."""
-    records = {}
-    for path in sorted(folder.rglob("*")):
-        relative = path.relative_to(folder).as_posix()
-        if not path.is_file() or path.name in skip:
-            continue
-        digest = xxhash.xxh3_64()
-        with path.open("rb") as handle:
-            for chunk in iter(lambda handle=handle: handle.read(HASH_CHUNK_BYTES), b""):
-                digest.update(chunk)
-        records[relative] = {"bytes": path.stat().st_size, "xxh3_64": digest.hexdigest()}
-    return records
+    return {
+        path.relative_to(folder).as_posix(): file_record(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name not in skip
+    }
 
 
-def damage_in(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None:
+def file_record(path: Path) -> dict[str, Any]:
+    digest = xxhash.xxh3_64()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return {"bytes": path.stat().st_size, "xxh3_64": digest.hexdigest()}
+
+
+def damage_in(
+    folder: Path, recorded: dict[str, dict[str, Any]], manifest: str | None = None
+) -> str | None:
     """Why `folder` no longer holds the files `recorded` by `file_digests`, or None when it
-    does: the first missing, resized or changed file, named."""
+    does: a name outside it, a symbolic link or other than a regular file in it (another
+    run's weights, a FIFO), a file the `manifest` of that name did not record (when given),
+    the first missing, resized or changed file, named."""
+    for relative in recorded:
+        if PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
+            return f"its manifest names {relative}, outside {folder.name}/"
+    if folder.is_symlink():
+        return f"{folder.name} is a symbolic link"
+    for root, folders, files in os.walk(folder):
+        for name in folders + files:
+            path = Path(root, name)
+            relative = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                return f"{relative} is a symbolic link, not a file of {folder.name}/"
+            if name in files and not path.is_file():
+                return f"{relative} is not a regular file"
+            if name in files and manifest not in (None, name) and relative not in recorded:
+                return f"{relative} was not sealed"
     for relative, record in recorded.items():
         path = folder / relative
         if not path.is_file():
@@ -120,9 +141,8 @@ def damage_in(folder: Path, recorded: dict[str, dict[str, Any]]) -> str | None:
         size = path.stat().st_size
         if size != record["bytes"]:
             return f"{relative} has {size:,} bytes, {record['bytes']:,} when it was written"
-    current = file_digests(folder)
     for relative, record in recorded.items():
-        if current[relative]["xxh3_64"] != record["xxh3_64"]:
+        if file_record(folder / relative)["xxh3_64"] != record["xxh3_64"]:
             return f"{relative} changed since it was written (its checksum differs)"
     return None
 

@@ -86,7 +86,8 @@ def checkpoint_damage(checkpoint_dir: Path) -> str | None:
         return f"no {TRAINER_STATE_NAME}: a saved model, not a checkpoint to resume"
     if not isinstance(manifest.get("run_identity"), dict):  # sealed unchecked by older releases
         return "adopted without a manifest by an older release: its files were never checked"
-    return damage_in(checkpoint_dir, manifest["files"]) or load_damage(checkpoint_dir)
+    files = manifest["files"]
+    return damage_in(checkpoint_dir, files, CHECKPOINT_MANIFEST_FILE) or load_damage(checkpoint_dir)
 
 
 def load_damage(checkpoint_dir: Path) -> str | None:

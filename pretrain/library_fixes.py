@@ -184,19 +184,11 @@ def compile_cache_distrust(folder: Path) -> str | None:
         info = path.lstat()
         if info.st_uid != os.getuid() or info.st_mode & 0o022 or stat.S_ISLNK(info.st_mode):
             return f"{path} is not writable by you alone"
-    files = {
-        path.relative_to(folder).as_posix()
-        for path in entries
-        if path.is_file() and path.name != COMPILE_CACHE_MANIFEST
-    }
-    files = {name for name in files if not name.startswith("locks/")}  # inductor's, transient
-    if not files:
-        return None
     if (manifest := read_manifest(folder, COMPILE_CACHE_MANIFEST)) is None:
+        if not any(path.is_file() for path in entries):
+            return None
         return f"no readable {COMPILE_CACHE_MANIFEST}: files nobody sealed"
-    if unsealed := sorted(files - set(manifest["files"])):
-        return f"{unsealed[0]} was not sealed"
-    return damage_in(folder, manifest["files"])
+    return damage_in(folder, manifest["files"], COMPILE_CACHE_MANIFEST)
 
 
 @contextmanager
@@ -225,7 +217,7 @@ def compiled_once(cache: Path | None = None) -> Iterator[None]:
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             yield
-        # Inductor writes each file by a rename (whole or absent); its lock files come and go.
+        # Inductor writes each file by a rename (whole or absent); its lock files are sealed too.
         # Unsealed (another run renaming a file meanwhile, a full disk), it is not used again.
         with contextlib.suppress(OSError):
             if cache is not None:
@@ -233,8 +225,7 @@ def compiled_once(cache: Path | None = None) -> Iterator[None]:
                 for root, _, files in os.walk(cache):
                     for path in [Path(root), *(Path(root) / name for name in files)]:
                         path.chmod(path.stat().st_mode & ~0o022)
-                files = file_digests(cache, skip=(COMPILE_CACHE_MANIFEST,)).items()
-                sealed = {name: entry for name, entry in files if not name.startswith("locks/")}
+                sealed = file_digests(cache, skip=(COMPILE_CACHE_MANIFEST,))
                 write_json_atomic(cache / COMPILE_CACHE_MANIFEST, {"files": sealed})
     except Exception as err:
         chain = [f"{type(e).__module__} {e}" for e in exception_chain(err)]

@@ -105,6 +105,45 @@ def test_a_checkpoint_is_whole_only_while_every_file_matches_its_manifest(tmp_pa
     assert "no checkpoint_manifest.json" in checkpoint_damage(make_checkpoint(tmp_path, 8, False))
 
 
+def reseal(checkpoint: Path, **extra: dict) -> None:
+    """Rewrite the manifest to match what the folder now holds, as a planter would."""
+    files = {**file_digests(checkpoint, skip=(CHECKPOINT_MANIFEST_FILE,)), **extra}
+    (checkpoint / CHECKPOINT_MANIFEST_FILE).write_text(
+        json.dumps({"files": files, "run_identity": {}})
+    )
+
+
+@pytest.mark.parametrize("outside", ["../document_split.json", "/etc/hostname"])
+def test_a_manifest_naming_files_outside_its_checkpoint_is_damage(tmp_path, outside):
+    make_checkpoint(tmp_path, 4)
+    newest = make_checkpoint(tmp_path, 8)
+    (tmp_path / "document_split.json").write_text("{}")
+    reseal(newest, **{outside: file_digests(tmp_path)["document_split.json"]})
+    assert checkpoint_damage(newest) == f"its manifest names {outside}, outside checkpoint-8/"
+    chosen, skipped = resolve_resume_checkpoint(tmp_path, "auto", is_main=True)
+    assert chosen == tmp_path / "checkpoint-4" and skipped[0]["checkpoint"] == "checkpoint-8"
+
+
+def test_a_file_linked_into_a_checkpoint_or_one_it_did_not_seal_is_damage(tmp_path):
+    """Another run's weights behind a symbolic link, the manifest resealed, are not trained on;
+    nor is a file the manifest does not list."""
+    other = make_checkpoint(tmp_path / "other_run", 4)
+    checkpoint = make_checkpoint(tmp_path, 8)
+    (checkpoint / "model.safetensors").unlink()
+    (checkpoint / "model.safetensors").symlink_to(other / "model.safetensors")
+    reseal(checkpoint)
+    assert checkpoint_damage(checkpoint) == (
+        "model.safetensors is a symbolic link, not a file of checkpoint-8/"
+    )
+    (checkpoint / "model.safetensors").unlink()
+    shutil.copy(other / "model.safetensors", checkpoint / "model.safetensors")
+    reseal(checkpoint)
+    assert checkpoint_damage(checkpoint) is None
+    (checkpoint / "global_step8").mkdir()
+    (checkpoint / "global_step8" / "extra.pt").write_bytes(b"\0")
+    assert checkpoint_damage(checkpoint) == "global_step8/extra.pt was not sealed"
+
+
 def test_a_saved_model_or_an_unreadable_manifest_is_no_checkpoint_to_resume(tmp_path):
     # A run's final/ is sealed like a checkpoint but has no trainer state to resume.
     final = tmp_path / FINAL_MODEL_DIR
