@@ -147,7 +147,9 @@ def damage_in(
     return None
 
 
-MANIFEST_KEY_TYPES = {"files": dict, "run_identity": dict, "save_seconds": NUMBER}
+MANIFEST_KEY_TYPES = {
+    "files": dict, "run_identity": dict, "written_by": dict, "save_seconds": NUMBER
+}  # fmt: skip
 
 
 def read_manifest(

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from accelerate.utils import DistributedType
 from safetensors import safe_open
 from transformers import (
     GPT2Config,
@@ -41,7 +42,12 @@ from common.run_contract import (
 )
 from pretrain.batches import BlockSchedule
 from pretrain.blocks.cache import tokenizer_files_digest
-from pretrain.parallel.strategy import local_tensor
+from pretrain.parallel.strategy import (
+    DATA_PARALLEL,
+    Strategy,
+    local_tensor,
+    requested_strategy,
+)
 from pretrain.stops import STOP_GRACE_VARIABLE, stop_grace_seconds
 
 logger = logging.getLogger(__name__)
@@ -243,9 +249,57 @@ def warn_if_longer_than_grace(save_seconds: float, checkpoint_dir: Path) -> None
         )  # fmt: skip
 
 
+# `Strategy.name` in words, for messages.
+STRATEGY_WORDS = {
+    "single": "one process", "ddp": "DDP", "fsdp1": "FSDP1", "fsdp2": "FSDP2",
+    "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
+}  # fmt: skip
+
+
+def launched_strategy(training_args: TrainingArguments) -> dict[str, Any]:
+    """The strategy (as `Strategy.name`) and the processes this launch will train with, read
+    before Trainer sets them up, as a checkpoint's manifest records them (`written_by`)."""
+    request = requested_strategy(training_args)
+    if request.distributed_type == DistributedType.DEEPSPEED.name:
+        name = f"zero{training_args.deepspeed_plugin.zero_stage}"
+    elif request.distributed_type == DistributedType.FSDP.name:
+        name = f"fsdp{request.fsdp_version}"
+    else:
+        name = "ddp" if request.distributed_type == DATA_PARALLEL else "single"
+    return {"strategy": name, "num_processes": training_args.world_size}
+
+
+def check_same_strategy(checkpoint: Path, launched: dict[str, Any], is_main: bool) -> None:
+    """Refuse to resume a checkpoint under another strategy or number of processes than wrote
+    it (none converts the other's shards: ZeRO's optimizer would start afresh, FSDP2's shards
+    not load); one of an older release, which did not record it, is assumed the same."""
+    written_by = read_manifest(checkpoint).get("written_by")
+    if written_by is None:
+        if is_main:
+            logger.warning(
+                "%s does not record the strategy that wrote it (an older release): resuming "
+                "it as %s", checkpoint.name, strategy_in_words(launched),
+            )  # fmt: skip
+        return
+    if written_by != launched:
+        raise InputError(
+            f"{checkpoint.name} was written by {strategy_in_words(written_by)}; this run is "
+            f"{strategy_in_words(launched)}: resume it with the accelerate config and "
+            "--num_processes it was written with, or start a new run in another --output_dir"
+        )
+
+
+def strategy_in_words(record: dict[str, Any]) -> str:
+    name, processes = record.get("strategy"), record.get("num_processes")
+    return f"{STRATEGY_WORDS.get(name, name)} on {processes} process{'es' * (processes != 1)}"
+
+
 class CheckpointManifestCallback(TrainerCallback):
     """Seal each checkpoint once every process has written its shards: the main process writes
-    the manifest with the run's identity and the save's seconds, also listed in `saves`."""
+    the manifest with the run's identity, the `strategy` in force and the save's seconds, also
+    listed in `saves`."""
+
+    strategy: Strategy | None = None  # set once the loop has set it up
 
     def __init__(self, identity: dict[str, Any]) -> None:
         self.identity = identity
@@ -266,9 +320,10 @@ class CheckpointManifestCallback(TrainerCallback):
         self.saves.append({"step": state.global_step, "seconds": seconds})
         if state.is_world_process_zero:
             checkpoint_dir = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            seal_checkpoint(
-                checkpoint_dir, {"run_identity": self.identity, "save_seconds": seconds}
-            )
+            strategy = self.strategy
+            written_by = {"strategy": strategy.name, "num_processes": strategy.num_processes}
+            record = {"run_identity": self.identity, "written_by": written_by}
+            seal_checkpoint(checkpoint_dir, record | {"save_seconds": seconds})
             warn_if_longer_than_grace(seconds, checkpoint_dir)
         if distributed:
             # No process stops (a stop signal) before the manifest is written: the launcher

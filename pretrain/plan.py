@@ -27,8 +27,10 @@ from pretrain.blocks.cache import load_blocks, prepare_blocks, read_stats
 from pretrain.checkpoints import (
     RESUME_AUTO,
     check_same_run,
+    check_same_strategy,
     checkpoint_global_step,
     identity_differences,
+    launched_strategy,
     resolve_resume_checkpoint,
     run_identity,
 )
@@ -101,6 +103,9 @@ def plan_run(
             resume_checkpoint, skipped = resolve_resume_checkpoint(
                 output_dir, training_args.resume_from_checkpoint, is_main=training_args.should_save
             )
+        if resume_checkpoint is not None:
+            launched = launched_strategy(training_args)
+            check_same_strategy(resume_checkpoint, launched, training_args.process_index == 0)
     budgeted = budget_in_whole_batches(args, batch_blocks)
     # The main process builds the cache; the others then find it ready (shared filesystem).
     with training_args.main_process_first(local=False, desc="preparing packed blocks"):

@@ -188,6 +188,7 @@ class RunShell:
         self.manifests = CheckpointManifestCallback(plan.run_identity)
         with trainer_creation_environment(self.tensorboard_dir, args.model.compile_regions):
             self.strategy, self.accelerator_state = self.build(model)
+        self.manifests.strategy = self.strategy
         if is_main:
             # Which documents the blocks' splits hold, for the probe.
             copy_document_split(plan.data["cache_dir"], self.output_dir)

@@ -371,6 +371,27 @@ def copy_of_run(run_with_checkpoints, tmp_path, drop_finish: bool):
     return [str(copy) if part == str(output_dir) else part for part in map(str, argv)], copy
 
 
+def test_a_checkpoint_is_resumed_only_under_the_strategy_and_processes_that_wrote_it(
+    run_with_checkpoints, tmp_path, capsys
+):
+    """Refused in one line before any block is prepared: no strategy converts another's shards."""
+    argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=True)
+    newest = list_checkpoints(output_dir)[0]
+    manifest = json.loads((newest / CHECKPOINT_MANIFEST_FILE).read_text())
+    assert manifest["written_by"] == {"strategy": "single", "num_processes": 1}
+    manifest["written_by"] = {"strategy": "zero2", "num_processes": 2}
+    (newest / CHECKPOINT_MANIFEST_FILE).write_text(json.dumps(manifest))
+    fresh_cache = tmp_path / "fresh_cache"
+    argv[argv.index("--cache_dir") + 1] = str(fresh_cache)
+    assert main([*argv, "--resume_from_checkpoint", "auto"]) == 2
+    (error,) = capsys.readouterr().err.splitlines()
+    assert error.startswith(
+        f"error: {newest.name} was written by ZeRO-2 on 2 processes; this run is one process "
+        "on 1 process: resume it with the accelerate config and --num_processes it was written"
+    )
+    assert not fresh_cache.exists() or not any(fresh_cache.iterdir())
+
+
 def test_resuming_a_finished_run_changes_nothing_and_says_so(run_with_checkpoints, capsys):
     argv, output_dir = run_with_checkpoints
     before = {path: path.read_bytes() for path in output_dir.rglob("*") if path.is_file()}
@@ -602,11 +623,14 @@ def uninterrupted_release_run(tmp_path_factory):
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_a_checkpoint_written_by_an_earlier_release_resumes_to_the_uninterrupted_loss(
-    release, uninterrupted_release_run, tmp_path, monkeypatch
+    release, uninterrupted_release_run, tmp_path, monkeypatch, caplog
 ):
     argv = release_fixture_folder(tmp_path, release)
     monkeypatch.chdir(tmp_path)
-    assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
+    with caplog.at_level(logging.WARNING, logger="pretrain.checkpoints"):
+        assert main([*argv, "--resume_from_checkpoint", "auto"]) == 0
+    (warning,) = [line for line in caplog.messages if "strategy that wrote it" in line]
+    assert warning.endswith("(an older release): resuming it as one process on 1 process")
     summary = read_summary(tmp_path / "run")
     assert summary["resumed_from_step"] == 8
     assert summary["global_step"] == uninterrupted_release_run["global_step"] == 16
