@@ -28,8 +28,16 @@ from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, patch_environment
 from packaging.specifiers import SpecifierSet
 
-from common.cli import RunFailed, exception_chain
-from common.files import damage_in, exclusive_lock, file_digests, read_manifest, write_json_atomic
+from common.cli import InputError, RunFailed, exception_chain
+from common.files import (
+    LOCK_FILE,
+    damage_in,
+    exclusive_lock,
+    file_digests,
+    read_manifest,
+    write_json_atomic,
+)
+from common.run_contract import CHECKPOINT_MANIFEST_FILE, GPT_SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -134,12 +142,13 @@ NO_SPACE = os.strerror(errno.ENOSPC)  # in the C++ compiler's and linker's outpu
 FULL_DISK_LOGGERS = ("torch._functorch._aot_autograd.graph_compile", "torch._inductor.codecache")
 
 
-def use_compile_cache(folder: Path, explicit: bool) -> Path | None:
+def use_compile_cache(folder: Path, explicit: bool, output_dir: Path) -> Path | None:
     """Keep torch.compile's code (inductor's and Triton's caches) in `folder` instead of /tmp,
     which every node and job of a cluster starts without; a variable the user set (not the one
     inductor sets when torch is imported) wins over a default `folder`. Torch imports that
     code as it finds it, so a folder `compile_cache_distrust` names a reason for is moved
-    aside; one that cannot be used leaves a new private folder (None: nothing to reuse)."""
+    aside, if it is the user's own (not a link); one that cannot be used leaves a new private
+    folder (None: nothing to reuse). A folder that is or holds a run folder is refused."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     library_default = os.path.abspath(default_cache_dir())
@@ -148,12 +157,21 @@ def use_compile_cache(folder: Path, explicit: bool) -> Path | None:
         ("TRITON_CACHE_DIR", folder / "triton", None),
     ):
         if explicit or os.environ.get(variable) in (None, default):
-            os.environ[variable] = str(path.resolve())
+            os.environ[variable] = os.path.abspath(path)  # a link, not the folder it names
     folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    if (run_folder := run_folder_in(folder, output_dir)) is not None:
+        raise InputError(
+            f"the compile cache {folder} holds the run folder {run_folder}, which distrusting "
+            "the cache would move aside; pass a --compile_cache_dir of its own (by default "
+            "<cache_dir>/compile)"
+        )
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         with exclusive_lock(folder.parent / f".{folder.name}.lock", wait=True):
             if (distrust := compile_cache_distrust(folder)) is not None:
+                info = folder.lstat()
+                if info.st_uid != os.getuid() or stat.S_ISLNK(info.st_mode):
+                    raise PermissionError(errno.EPERM, "a link, or another user's folder")
                 aside = folder.with_name(folder.name + time.strftime(".untrusted-%Y%m%d-%H%M%S"))
                 folder.rename(aside)
                 folder.mkdir(mode=0o700)
@@ -173,6 +191,21 @@ def use_compile_cache(folder: Path, explicit: bool) -> Path | None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = private
         os.environ["TRITON_CACHE_DIR"] = os.path.join(private, "triton")
         return None
+
+
+# Files only a run folder holds: its lock, its summary, its checkpoints' manifests.
+RUN_FOLDER_MARKS = {LOCK_FILE, GPT_SUMMARY_FILE, CHECKPOINT_MANIFEST_FILE}
+
+
+def run_folder_in(folder: Path, output_dir: Path) -> Path | None:
+    """The run folder that `folder` is or holds (this run's, or one that a mark shows)."""
+    if folder.resolve() in (output_dir.resolve(), *output_dir.resolve().parents):
+        return output_dir
+    for root, _, files in os.walk(folder):
+        if marks := RUN_FOLDER_MARKS & set(files):
+            root = Path(root)
+            return root.parent if marks == {CHECKPOINT_MANIFEST_FILE} else root
+    return None
 
 
 def compile_cache_distrust(folder: Path) -> str | None:

@@ -156,8 +156,15 @@ class RunShell:
         args, training_args, budget = self.args, self.training_args, self.budget
         is_main = training_args.process_index == 0
         budget.lap(TIME_LOOP_SETUP)
+        precision = self.precision()  # the loop's own policy may turn compile off
+        compile_cache = None
+        if training_args.torch_compile:
+            asked = args.model.compile_cache_dir
+            compile_cache = use_compile_cache(
+                Path(asked or Path(args.data.cache_dir) / "compile"), bool(asked), self.output_dir
+            )
         self.plan = plan = plan_run(
-            args, self.batch_blocks, self.precision(), (self.check_model,), self.checkpoints
+            args, self.batch_blocks, precision, (self.check_model,), self.checkpoints
         )
         budget.lap(TIME_DATA)
         if plan.finished is not None:
@@ -175,12 +182,6 @@ class RunShell:
             if is_main and (estimate := cpu_run_estimate(args, model, tokens)):
                 logger.warning(estimate)
         budget.lap(TIME_MODEL)
-        compile_cache = None
-        if training_args.torch_compile:
-            asked = args.model.compile_cache_dir
-            compile_cache = use_compile_cache(
-                Path(asked or Path(args.data.cache_dir) / "compile"), explicit=bool(asked)
-            )
         apply_library_fixes()
         self.clock = LoopClock(
             plan, setup, training_args.device, self.output_dir / NVIDIA_SMI_FILE, budget

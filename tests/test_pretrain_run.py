@@ -662,6 +662,40 @@ def test_only_a_sealed_compile_cache_that_you_alone_can_write_is_trusted(
     assert compile_cache_distrust(empty) is None  # no code in it
 
 
+@pytest.fixture
+def compile_variables(monkeypatch):
+    """The cache's variables, restored after the test (use_compile_cache sets them)."""
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.setenv(variable, "replaced by the test")
+
+
+def test_a_compile_cache_that_is_or_holds_a_run_folder_is_refused(compile_variables, tmp_path):
+    """Distrusted, it would be moved aside, the run's checkpoints and lock with it."""
+    run = (runs := tmp_path / "runs") / "run"
+    (run / "checkpoint-4").mkdir(parents=True)
+    (run / "checkpoint-4" / CHECKPOINT_MANIFEST_FILE).write_text("{}")
+    for cache, output_dir in [(run, run), (runs, run), (runs, tmp_path / "this_run")]:
+        with pytest.raises(InputError, match=f"holds the run folder {run}, which distrusting"):
+            use_compile_cache(cache, True, output_dir)
+        assert (run / "checkpoint-4" / CHECKPOINT_MANIFEST_FILE).is_file()
+    inside = run / "compile_cache"  # a cache in the run folder is its own folder
+    assert use_compile_cache(inside, True, run) == inside
+
+
+def test_a_compile_cache_that_is_a_link_leaves_the_folder_it_names_alone(
+    compile_variables, tmp_path, caplog
+):
+    (elsewhere := tmp_path / "another_users_cache").mkdir(mode=0o700)
+    (elsewhere / "planted.py").write_text("import os\n")
+    (link := tmp_path / "cache").symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING, logger="pretrain.library_fixes"):
+        assert use_compile_cache(link, True, tmp_path / "run") is None
+    assert (elsewhere / "planted.py").is_file() and link.is_symlink()
+    (warning,) = caplog.messages
+    assert warning.startswith(f"compile cache {link} cannot be used (a link, or another user's")
+    assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) not in (link, elsewhere)
+
+
 @pytest.mark.slow
 def test_code_planted_in_a_compile_cache_never_runs(data_paths, warm_compile_cache, tmp_path):
     """The manifest deleted and a line appended to each generated Python file (a writer who
@@ -705,7 +739,7 @@ def test_a_read_only_compile_cache_is_skipped_in_one_warning(
     with small_disk(tmp_path / "disk", "64m", read_only_after=fill) as disk:
         before = file_digests(disk)
         with caplog.at_level(logging.WARNING, logger="pretrain.library_fixes"):
-            assert use_compile_cache(disk / "cache", explicit=True) is None
+            assert use_compile_cache(disk / "cache", True, tmp_path / "run") is None
         assert file_digests(disk) == before
     (warning,) = caplog.messages
     assert warning.startswith(f"compile cache {disk / 'cache'} cannot be used (Read-only")
