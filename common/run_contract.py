@@ -29,6 +29,9 @@ FINAL_MODEL_DIR = "final"  # model + tokenizer, loadable with AutoModelForCausal
 # checksum and the run's identity. A checkpoint without it, or whose files no longer match it,
 # is incomplete.
 CHECKPOINT_MANIFEST_FILE = "checkpoint_manifest.json"
+# How a process's error line starts when a peer process's end ended it: the launcher shows it
+# only when no process said why.
+PEER_STOPPED = "another process of this run stopped"
 MNIST_MODEL_FILE = "model.pt"
 NVIDIA_SMI_FILE = "nvidia-smi.txt"  # `nvidia-smi` output halfway through training, with a GPU only
 TENSORBOARD_DIR = "tensorboard"

@@ -31,6 +31,7 @@ from transformers.trainer_utils import sort_checkpoints
 
 from common import cli
 from common.files import read_manifest
+from common.run_contract import PEER_STOPPED
 from pretrain.device import mark_gpu_required
 from pretrain.stops import (
     LAUNCHER_PID_VARIABLE,
@@ -196,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     if held and message and run_dir is not None and run_dir.is_dir():  # they follow from it
         (run_dir / ERRORS_LOG).write_bytes(held)
         message += f"; the processes' own error lines and tracebacks: {run_dir / ERRORS_LOG}"
-    elif held:  # no line of ours: theirs explain the end
-        os.write(2, held)
+    elif held:  # no line of ours: theirs explain the end, a peer's end no cause of its own
+        causes = [line for line in held.splitlines(True) if PEER_STOPPED.encode() not in line]
+        os.write(2, b"".join(causes) or held)
     if message:
         raise cli.RunFailed(message)
     return code

@@ -20,7 +20,7 @@ from transformers import TrainingArguments
 
 from common.cli import InputError, RunFailed, exception_chain
 from common.files import LOCK_FILE, LockHeld, exclusive_lock, read_manifest, replace_dir
-from common.run_contract import FINAL_MODEL_DIR
+from common.run_contract import FINAL_MODEL_DIR, PEER_STOPPED
 from pretrain.checkpoints import RESUME_AUTO, list_checkpoints, seal_checkpoint
 from pretrain.stops import StopRequested
 
@@ -74,10 +74,11 @@ def staging_dir_of(final_dir: Path) -> Path:
 
 
 @contextmanager
-def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool) -> Iterator[None]:
+def failures_in_one_line(output_dir: Path, weight_bytes: int, is_main: bool) -> Iterator[None]:
     """Turn a failed save (unfinished files left, removed; or a full disk) and a stopped peer
-    process into `RunFailed`, one line; bugs pass through. A failure with less than
-    `checkpoint_bytes` free is a full disk, whatever the writer says ("unexpected pos")."""
+    process into `RunFailed`, one line; bugs pass through. A failure with less free than the
+    save takes (`weight_bytes` for final/; a checkpoint adds AdamW's two moments) is a full
+    disk, whatever the writer says ("unexpected pos")."""
     earlier = unfinished_saves(output_dir)
     try:
         yield
@@ -99,11 +100,15 @@ def failures_in_one_line(output_dir: Path, checkpoint_bytes: int, is_main: bool)
         kept = f"; removed the unfinished {names}" if unfinished else ""
         if peer_failure is not None:
             raise RunFailed(
-                f"another process of this run stopped ({type(peer_failure).__name__}: "
-                f"{' '.join(str(peer_failure).split())[:160]}){kept}; the launcher's message "
-                f"names it; continue with --resume_from_checkpoint {RESUME_AUTO}"
+                f"{PEER_STOPPED} ({type(peer_failure).__name__}: "
+                f"{' '.join(str(peer_failure).split())[:160]}){kept}; its own error line, or "
+                f"the launcher's, says why; continue with --resume_from_checkpoint {RESUME_AUTO}"
             ) from err
-        cause, fix = save_failure_cause(chain, output_dir, checkpoint_bytes)
+        final = staging_dir_of(output_dir / FINAL_MODEL_DIR) in unfinished
+        save = (
+            (f"{FINAL_MODEL_DIR}/", weight_bytes) if final else ("a checkpoint", 3 * weight_bytes)
+        )
+        cause, fix = save_failure_cause(chain, output_dir, *save)
         raise RunFailed(
             f"cannot save in {output_dir}: {cause}{kept}; {fix} (or pass another "
             f"--output_dir) and continue with --resume_from_checkpoint {RESUME_AUTO}"
@@ -123,22 +128,22 @@ def is_peer_failure(err: BaseException) -> bool:
 
 
 def save_failure_cause(
-    chain: list[BaseException], output_dir: Path, checkpoint_bytes: int
+    chain: list[BaseException], output_dir: Path, saved: str, save_bytes: int
 ) -> tuple[str, str]:
     """What made a save fail, in words, and what to do. torch's writer names no cause ("unexpected
-    pos"): a file-size limit or a disk short of a checkpoint is taken for one."""
+    pos"): a file-size limit or a disk short of the `saved` save's bytes is taken for one."""
     for exception in chain:
         if isinstance(exception, OSError) and exception.errno:
             where = f" ({exception.filename})" if exception.filename else ""
             short = exception.errno in (errno.ENOSPC, errno.EDQUOT)
             return os.strerror(exception.errno).lower() + where, FREE if short else "mend that"
-    size = f"a checkpoint takes about {checkpoint_bytes / 2**20:,.1f} MiB"
+    size = f"{saved} takes about {save_bytes / 2**20:,.1f} MiB"
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if limit != resource.RLIM_INFINITY and limit < checkpoint_bytes:
+    if limit != resource.RLIM_INFINITY and limit < save_bytes:
         cause = f"this process may write files of at most {limit / 2**20:,.1f} MiB (ulimit -f)"
         return f"{os.strerror(errno.EFBIG).lower()}: {cause}, {size}", "raise that limit"
     free = shutil.disk_usage(output_dir).free
-    if free < checkpoint_bytes:
+    if free < save_bytes:
         return f"{os.strerror(errno.ENOSPC).lower()} ({free / 2**20:,.1f} MiB free, {size})", FREE
     return f"{type(chain[0]).__name__}: {' '.join(str(chain[0]).split())[:200]}", "mend that"
 

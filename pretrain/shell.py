@@ -193,8 +193,7 @@ class RunShell:
         if is_main:
             # Which documents the blocks' splits hold, for the probe.
             copy_document_split(plan.data["cache_dir"], self.output_dir)
-        # Weights and two AdamW moments in fp32: about what a checkpoint takes on disk.
-        saves = failures_in_one_line(self.output_dir, 12 * setup.num_parameters, is_main)
+        saves = failures_in_one_line(self.output_dir, 4 * setup.num_parameters, is_main)  # fp32
         with saves if self.checkpoints else nullcontext(), compiled_once(compile_cache):
             self.train()
             budget.lap(TIME_OTHER)  # the loop's own work after its last step

@@ -202,6 +202,26 @@ def test_killed_process_ends_the_run_in_one_line_naming_rank_signal_and_checkpoi
     assert "Traceback" not in stderr
 
 
+@pytest.mark.multiprocess
+def test_a_process_ended_by_its_peer_s_failure_adds_no_second_line(tmp_path):
+    """A full disk on rank 0 ends rank 1's next collective: rank 0's line says why, alone."""
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import os, sys\n"
+        "from common.run_contract import PEER_STOPPED\n"
+        "cause = 'cannot save in run: no space left on device'\n"
+        "line = cause if os.environ['RANK'] == '0' else f'{PEER_STOPPED} (DistError)'\n"
+        "print(f'error: {line}', file=sys.stderr)\n"
+        "sys.exit(3)\n"
+    )
+    launcher = [*LAUNCHER, "--config_file", str(CPU_DDP_CONFIG), "--num_processes", "2"]
+    result = subprocess.run(
+        [*launcher, str(script)], env=subprocess_env(), capture_output=True, text=True
+    )
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert error_lines(result.stderr) == ["error: cannot save in run: no space left on device"]
+
+
 @pytest.mark.slow
 def test_stop_signal_unsaved_within_the_grace_period_is_a_failed_run(data_paths, tmp_path):
     run_dir = tmp_path / "run"

@@ -603,6 +603,37 @@ def test_a_survivor_whose_peer_died_says_so_never_free_space(tmp_path):
     assert not (tmp_path / "checkpoint-4").exists()  # this run's unfinished save: removed
 
 
+def test_a_final_model_that_cannot_be_saved_is_named_with_its_own_size(tmp_path):
+    """torch's writer under a file-size limit says only "unexpected pos": the line names
+    final/ and what it takes (its weights), not a checkpoint's size."""
+    script = (
+        "import pathlib, resource, torch\n"
+        "from common.cli import RunFailed\n"
+        "from pretrain.run_folder import failures_in_one_line, save_final_model\n"
+        f"folder = pathlib.Path({str(tmp_path)!r})\n"
+        "weights = torch.zeros(2**18)  # 1 MiB\n"
+        "def write_model(directory):\n"
+        "    pathlib.Path(directory).mkdir()\n"
+        "    torch.save(weights, pathlib.Path(directory) / 'model.bin')\n"
+        "hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (2**18, hard))\n"
+        "try:\n"
+        "    with failures_in_one_line(folder, weights.nbytes, is_main=True):\n"
+        "        save_final_model(write_model, folder / 'final', is_main=True)\n"
+        "except RunFailed as failed:\n"
+        "    print(failed)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=subprocess_env(), capture_output=True, text=True
+    )
+    assert result.stdout.startswith(
+        f"cannot save in {tmp_path}: file too large: this process may write files of at most "
+        "0.2 MiB (ulimit -f), final/ takes about 1.0 MiB; removed the unfinished .final.tmp; "
+        "raise that limit"
+    ), result.stderr[-2000:]
+    assert not any(tmp_path.iterdir())  # the unfinished final model removed
+
+
 # --- The compile cache: damaged, read-only, on a full disk ----------------------------------
 
 
