@@ -96,22 +96,55 @@ def checkpoint_damage(checkpoint_dir: Path) -> str | None:
     return damage_in(checkpoint_dir, files, CHECKPOINT_MANIFEST_FILE) or load_damage(checkpoint_dir)
 
 
+# Files that hold a pickle (Trainer's, accelerate's, DeepSpeed's; DCP's `.metadata`, which
+# torch unpickles unrestricted): each must load as tensors and plain data only.
+PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".metadata")
+DEEPSPEED_TAG_FILE = "latest"  # names the folder of DeepSpeed's shards, `global_step<N>`
+
+
 def load_damage(checkpoint_dir: Path) -> str | None:
-    """Why a file Trainer resumes from does not load as Trainer loads it (a manifest matching a
-    planted file proves nothing), or None: tensors only, so no pickle runs as code."""
+    """Why a file a resume loads (Trainer, accelerate or DeepSpeed, at any depth) does not load
+    as tensors only (a manifest matching a planted file proves nothing), or None: loaded here
+    first, `weights_only`, so that no pickle runs as code when the library loads it."""
+    allowed = deepspeed_state_classes(checkpoint_dir)
     path = checkpoint_dir / TRAINER_STATE_NAME
     try:
         TrainerState.load_from_json(str(path))
-        for path in sorted(checkpoint_dir.iterdir()):
+        if (path := checkpoint_dir / DEEPSPEED_TAG_FILE).is_file():
+            tag = path.read_text(encoding="utf-8").strip()
+            if tag in ("", ".", "..") or Path(tag).name != tag:
+                return f"{DEEPSPEED_TAG_FILE} names {tag!r}, not a folder of {checkpoint_dir.name}/"
+        for path in sorted(checkpoint_dir.rglob("*")):
             if path.suffix == ".safetensors":
                 with safe_open(str(path), "pt") as tensors:
                     tensors.keys()
-            elif path.suffix in (".bin", ".pt", ".pth") and path.name != TRAINING_ARGS_NAME:
-                with safe_globals():  # Trainer never loads its pickled arguments
+            elif path.suffix in PICKLED_SUFFIXES and path.name != TRAINING_ARGS_NAME:
+                # Trainer never loads its pickled arguments; numpy's arrays are the RNG states.
+                with safe_globals(), torch.serialization.safe_globals(allowed):
                     torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:  # noqa: BLE001 (each loader has its own errors for a bad file)
-        return f"{path.name} does not load ({type(err).__name__}: {str(err)[:120]})"
+        name = path.relative_to(checkpoint_dir).as_posix()
+        return f"{name} does not load as tensors only ({type(err).__name__}: {str(err)[:120]})"
     return None
+
+
+def deepspeed_state_classes(checkpoint_dir: Path) -> list[type]:
+    """What DeepSpeed pickles in a ZeRO optimizer's state besides tensors, all plain data: the
+    stage (an enum), the loss scale and its settings, each parameter's place in the flat
+    partition (numel, start); none for a checkpoint DeepSpeed did not write."""
+    if not (checkpoint_dir / DEEPSPEED_TAG_FILE).exists():
+        return []
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+    except ImportError:
+        raise InputError(
+            f"{checkpoint_dir} holds DeepSpeed's shards and DeepSpeed is not installed: resume "
+            "it under the ZeRO config it was written with (pip install -r "
+            "requirements-deepspeed.txt)"
+        ) from None
+    return [LossScaler, ZeroStageEnum, fragment_address]
 
 
 def seal_checkpoint(checkpoint_dir: Path, record: dict[str, Any]) -> None:

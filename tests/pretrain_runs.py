@@ -114,3 +114,13 @@ def small_disk(mount_point: Path, size: str, read_only_after=None):
         yield mount_point
     finally:
         subprocess.run(["umount", str(mount_point)], check=False)
+
+
+class WritesAMarkerWhenUnpickled:
+    """A pickle that runs code: unpickling it writes the file it names."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "unpickled"))

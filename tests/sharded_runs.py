@@ -4,6 +4,8 @@ tests)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ from accelerate.utils.other import get_free_port
 from pretrain_runs import (
     REPO_ROOT,
     RUN_SCRIPT,
+    WritesAMarkerWhenUnpickled,
     logged_losses,
     read_summary,
     subprocess_env,
@@ -22,7 +25,13 @@ from pretrain_runs import (
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from common.run_contract import FINAL_MODEL_DIR, GPT_SUMMARY_FILE
+from common.run_contract import CHECKPOINT_MANIFEST_FILE, FINAL_MODEL_DIR, GPT_SUMMARY_FILE
+from pretrain.checkpoints import (
+    DEEPSPEED_TAG_FILE,
+    PICKLED_SUFFIXES,
+    checkpoint_damage,
+    seal_checkpoint,
+)
 from pretrain.run import main
 
 CONFIG_DIR = REPO_ROOT / "accelerate_configs"
@@ -92,3 +101,38 @@ def assert_trains_like_one_process(run_dir: Path, reference_dir: Path) -> None:
 
 def rank_records(run_dir: Path) -> list[dict]:
     return read_summary(run_dir)["parallelism"]["ranks"]
+
+
+def assert_only_tensors_load(run_dir: Path, strategy: str, tmp_path: Path) -> None:
+    """The run's last checkpoint is whole and records the `strategy` on 2 processes that wrote
+    it; a pickle planted in any of its pickled files (DeepSpeed's shards one folder down
+    included), the manifest rewritten to match, is damage found before anything unpickles it,
+    and so is DeepSpeed's `latest` naming a folder outside it."""
+    checkpoint = run_dir / f"checkpoint-{NUM_STEPS}"
+    assert checkpoint_damage(checkpoint) is None
+    record = json.loads((checkpoint / CHECKPOINT_MANIFEST_FILE).read_text())
+    assert record["written_by"] == {"strategy": strategy, "num_processes": 2}
+    del record["files"]
+    marker = tmp_path / "marker"
+    pickled = [p for p in checkpoint.rglob("*") if p.suffix in PICKLED_SUFFIXES]
+    assert len(pickled) >= 4
+    for path in pickled:
+        name = path.relative_to(checkpoint).as_posix()
+        planted = tmp_path / "planted" / checkpoint.name
+        shutil.copytree(checkpoint, planted)
+        torch.save(WritesAMarkerWhenUnpickled(marker), planted / name)
+        seal_checkpoint(planted, record)
+        damage = checkpoint_damage(planted)
+        if path.name == "training_args.bin":  # Trainer never loads it
+            assert damage is None
+        else:
+            assert damage.startswith(f"{name} does not load as tensors only"), damage
+        shutil.rmtree(planted.parent)
+    assert not marker.exists()
+    if (checkpoint / DEEPSPEED_TAG_FILE).exists():
+        shutil.copytree(checkpoint, planted)
+        (planted / DEEPSPEED_TAG_FILE).write_text("../global_step8")
+        seal_checkpoint(planted, record)
+        assert checkpoint_damage(planted) == (
+            f"{DEEPSPEED_TAG_FILE} names '../global_step8', not a folder of {checkpoint.name}/"
+        )

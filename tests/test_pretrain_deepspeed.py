@@ -8,6 +8,7 @@ import pytest
 from pretrain_runs import read_summary, shared_data_paths
 from sharded_runs import (
     CONFIG_DIR,
+    assert_only_tensors_load,
     assert_trains_like_one_process,
     launch_two_processes,
     one_process_reference,
@@ -52,3 +53,4 @@ def test_zero_on_two_cpu_processes_shards_and_trains_like_one_process(
             optimizer_share * whole["optimizer_state_bytes"], rel=0.01
         )
     assert_trains_like_one_process(run_dir, reference_dir)
+    assert_only_tensors_load(run_dir, f"zero{zero_stage}", tmp_path)

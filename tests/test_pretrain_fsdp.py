@@ -10,6 +10,7 @@ import pytest
 from pretrain_runs import read_summary, shared_data_paths
 from sharded_runs import (
     CONFIG_DIR,
+    assert_only_tensors_load,
     assert_trains_like_one_process,
     launch_two_processes,
     one_process_reference,
@@ -48,6 +49,7 @@ def test_fsdp2_on_two_cpu_processes_shards_and_trains_like_one_process(
         )
     assert sum(record["parameter_bytes"] for record in ranks) == whole["parameter_bytes"]
     assert_trains_like_one_process(run_dir, reference_dir)
+    assert_only_tensors_load(run_dir, "fsdp2", tmp_path)
 
 
 def test_fsdp1_on_cpu_processes_is_refused_in_one_line(data_paths, tmp_path):
