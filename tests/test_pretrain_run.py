@@ -684,6 +684,10 @@ def test_only_a_sealed_compile_cache_that_you_alone_can_write_is_trusted(
     planted.write_text("import os\n")
     assert compile_cache_distrust(cache) == f"{planted.relative_to(cache)} was not sealed"
     planted.unlink()
+    (cache / "locks").mkdir(exist_ok=True)
+    (cache / "locks" / "planted.lock").write_text("")  # inductor's lock files are sealed too
+    assert compile_cache_distrust(cache) == "locks/planted.lock was not sealed"
+    (cache / "locks" / "planted.lock").unlink()
     python_file.parent.chmod(0o775)  # another member of the group could plant code
     assert compile_cache_distrust(cache) == f"{python_file.parent} is not writable by you alone"
     python_file.parent.chmod(0o755)
