@@ -37,7 +37,7 @@ from bench.variants import REPO_ROOT, finished_earlier, repo_environment, run_va
 from common.cli import entry_point, parse_args
 from common.corpus import CorpusArguments
 from common.system import hardware_description, library_versions
-from common.values import POSITIVE
+from common.values import NOT_NEGATIVE
 from pretrain.blocks.cache import prepare_blocks
 from pretrain.run import parse_pretrain_args
 from report.tables import markdown_table
@@ -118,7 +118,7 @@ class AblationArguments:
         + ", ".join(f"{name} {scale.time_limit_s:g}" for name, scale in SCALES.items())
         + "): a row still running then is stopped; the table shows what finished, a "
         "rerun continues.",
-        metadata={"range": POSITIVE},
+        metadata={"range": NOT_NEGATIVE},  # 0: no time left, the finished rows read back
     )
     scale: str = HfArg(
         default="gpu",
