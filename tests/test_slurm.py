@@ -99,9 +99,12 @@ def test_two_node_step_sees_ranks_and_head_node(cluster: LocalCluster) -> None:
 def test_job_over_partition_time_limit_is_refused_at_submission(
     cluster: LocalCluster, tmp_path: Path, partition: str, minutes: int
 ) -> None:
+    # A name of its own: the earlier test's srun allocation may still be listed as completing.
+    job_name = f"over-{partition}-limit"
     submitted = cluster.run(
         [
             "sbatch",
+            f"--job-name={job_name}",
             f"--partition={partition}",
             f"--time={minutes}",
             f"--output={tmp_path / 'never.out'}",
@@ -110,7 +113,7 @@ def test_job_over_partition_time_limit_is_refused_at_submission(
     )
     assert submitted.returncode != 0
     assert "Requested time limit is invalid" in submitted.stderr
-    assert cluster.jobs() == []
+    assert cluster.jobs(name=job_name) == []
 
 
 def test_down_cancels_jobs_and_stops_every_daemon(tmp_path: Path) -> None:
