@@ -129,8 +129,8 @@ class ReportArguments:
     )
     expected_final_loss: float | None = HfArg(
         default=None,
-        help="The final loss predicted for this run (the course config's: bench.ladder's fit, "
-        "docs/BENCHMARKS.md), recorded beside the measured one; check-gpu prints it.",
+        help="The final loss predicted for this run (the course config's: the ladder's fit, "
+        "docs/BENCHMARKS_ARCHIVE.md), recorded beside the measured one; check-gpu prints it.",
         metadata={"range": POSITIVE},
     )
     expected_final_loss_margin: float = HfArg(

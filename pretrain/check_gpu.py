@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if prediction := args.report.prediction:
         lines.append(
             f"expected final loss {prediction[0]:.2f} +- {prediction[1]:.2f} nats per token "
-            "(bench.ladder's fit on technical English, docs/BENCHMARKS.md; Web of Science may "
-            "differ)"
+            "(the ladder's fit on technical English, docs/BENCHMARKS_ARCHIVE.md; Web of Science "
+            "may differ)"
         )
     print("\n".join(lines))
     return 0

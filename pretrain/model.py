@@ -46,7 +46,7 @@ PRESETS: dict[str, ModelPreset] = {
 
 def resolve_preset(name: str) -> ModelPreset:
     """A preset by name, or a shape written "LxD" (e.g. "6x256"): L layers, D wide, heads of
-    64 (GPT-2's head size), 1024 positions; the scaling ladder's rungs (bench/ladder.py)."""
+    64 (GPT-2's head size), 1024 positions; the shapes of `bench.compare_recipes`."""
     if name in PRESETS:
         return PRESETS[name]
     if (shape := re.fullmatch(r"([0-9]+)x([0-9]+)", name)) is None:
