@@ -21,6 +21,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 from transformers.pytorch_utils import Conv1D
 
 from common.cli import InputError
+from common.values import BELOW_ONE, NOT_NEGATIVE
 from pretrain.parallel.strategy import Request
 
 # DeepSpeed whose Muon runs Newton-Schulz at every ZeRO stage and on zero.Init parameters
@@ -33,28 +34,25 @@ class MuonArguments:
 
     muon: bool = HfArg(default=False, help="Muon for them, --optim for the rest.")
     muon_learning_rate: float = HfArg(
-        default=0.02, help="Muon's, x sqrt(max(1, out/in)) a matrix.", metadata={"metavar": "R"}
+        default=0.02,
+        help="Muon's, x sqrt(max(1, out/in)) a matrix.",
+        metadata={"metavar": "R", "range": NOT_NEGATIVE},
     )
     muon_momentum: float = HfArg(
-        default=0.95, help="Muon's Nesterov momentum.", metadata={"metavar": "M"}
+        default=0.95,
+        help="Muon's Nesterov momentum.",
+        metadata={"metavar": "M", "range": BELOW_ONE},
     )
     muon_weight_decay: float = HfArg(
         default=0.0,
         help="Muon's decoupled decay (AdamW's: --weight_decay).",
-        metadata={"metavar": "D"},
+        metadata={"metavar": "D", "range": NOT_NEGATIVE},
     )
     embedding_learning_rate: float | None = HfArg(
         default=None,
         help="AdamW's for the tied embedding / head and positions (default --learning_rate).",
-        metadata={"metavar": "R"},
+        metadata={"metavar": "R", "range": NOT_NEGATIVE},
     )
-
-    def __post_init__(self) -> None:
-        rates = (self.muon_learning_rate, self.muon_weight_decay, self.embedding_learning_rate)
-        if min(value or 0 for value in rates) < 0 or not 0 <= self.muon_momentum < 1:
-            raise InputError(
-                "--muon_* and --embedding_learning_rate must be >= 0, the momentum < 1"
-            )
 
     def identity(self) -> dict:
         """What a checkpoint of a Muon run must share with the run that resumes it."""

@@ -137,7 +137,7 @@ def bad_inputs(tmp_path, wos_corpus_dir):
         (["--corpus", str(blank)], "no non-empty documents"),
         (["--corpus", str(invalid)], "invalid.txt line 2: invalid UTF-8"),
         ([*corpus, "--subset", "WOS1"], "available: WOS11967, WOS46985, WOS5736"),
-        ([*corpus, "--vocab_size", "257"], "pass at least 258"),
+        ([*corpus, "--vocab_size", "257"], "give at least 258"),
         ([*corpus, "--output_dir", str(existing)], "already exists; pass --overwrite"),
     ]
 

@@ -18,10 +18,11 @@ from typing import Any
 
 from transformers.hf_argparser import HfArg
 
-from common.cli import InputError, entry_point, parse_args
+from common.cli import entry_point, parse_args
 from common.corpus import CorpusArguments, CorpusStats, iter_documents
 from common.files import atomic_dir, write_json_atomic
 from common.system import hardware_description, library_versions
+from common.values import NOT_NEGATIVE, Range, at_least
 from tokenizer.bpe import MIN_VOCAB_SIZE, measure_compression, train_bpe, wrap_for_transformers
 
 logger = logging.getLogger(__name__)
@@ -40,38 +41,30 @@ class TokenizerArguments:
         default=32768,
         help=f"Vocabulary size including the 256 bytes and 2 special tokens (at least "
         f"{MIN_VOCAB_SIZE}). A multiple of 128 keeps the model's embedding matmuls efficient.",
+        metadata={"range": at_least(MIN_VOCAB_SIZE)},
     )
     min_frequency: int = HfArg(
-        default=2, help="A pair must occur this often in the corpus to be merged."
+        default=2,
+        help="A pair must occur this often in the corpus to be merged.",
+        metadata={"range": NOT_NEGATIVE},
     )
     heldout_every: int = HfArg(
         default=100,
         help="Leave every N-th document out of training and measure bytes per token and "
         "tokens per word on those (0: use no held-out documents).",
+        metadata={"range": Range(lambda every: every == 0 or every >= 2, "0 or at least 2")},
     )
     batch_size: int = HfArg(
-        default=1000, help="Documents handed to the tokenizers library per batch."
+        default=1000,
+        help="Documents handed to the tokenizers library per batch.",
+        metadata={"range": at_least(1)},
     )
     model_max_length: int = HfArg(
-        default=1024, help="Context length recorded in the saved tokenizer."
+        default=1024,
+        help="Context length recorded in the saved tokenizer.",
+        metadata={"range": at_least(1)},
     )
     overwrite: bool = HfArg(default=False, help="Replace output_dir if it already exists.")
-
-    def __post_init__(self) -> None:
-        if self.vocab_size < MIN_VOCAB_SIZE:
-            raise InputError(
-                f"--vocab_size {self.vocab_size} is below the byte alphabet plus special tokens; "
-                f"pass at least {MIN_VOCAB_SIZE}"
-            )
-        if self.heldout_every < 0 or self.heldout_every == 1:
-            raise InputError(
-                f"--heldout_every {self.heldout_every} leaves nothing to train on or is "
-                "negative; pass 0 (hold out nothing) or a number >= 2"
-            )
-        if self.batch_size < 1 or self.min_frequency < 0 or self.model_max_length < 1:
-            raise InputError(
-                "--batch_size and --model_max_length must be >= 1 and --min_frequency >= 0"
-            )
 
 
 def train_tokenizer(
