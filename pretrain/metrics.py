@@ -28,6 +28,7 @@ from accelerate.utils import gather_object
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 from transformers import (
+    GPT2Config,
     GPT2LMHeadModel,
     PrinterCallback,
     ProgressCallback,
@@ -109,22 +110,28 @@ def cpu_run_estimate(args: PretrainArguments, model: GPT2LMHeadModel, tokens: in
     block_size = args.data.block_size
     if tokens * flops_per_token(model, block_size) < CPU_ESTIMATE_FLOPS:
         return None
-    memory = sum(memory_estimate(args, model, args.training.per_device_train_batch_size))
+    needed, free = first_step_memory(args, model)
     tflops = measure_matmul_tflops(torch.device("cpu"), torch.float32, 1024)
     hours = predicted_loop_seconds(tokens, model, block_size, tflops, CPU_UTILISATION) / 3600
     return (
-        f"on the CPU, the first step needs about {memory / 2**30:.1f} GiB "
-        f"({psutil.virtual_memory().available / 2**30:.1f} GiB free now) and the loop about "
+        f"on the CPU, the first step needs about {needed / 2**30:.1f} GiB "
+        f"({free / 2**30:.1f} GiB free now) and the loop about "
         f"{hours:,.1f} hours ({tokens:,} tokens at {CPU_UTILISATION:g} of the {tflops:.2f} TFLOP/s "
         "of an fp32 matmul timed here); a GPU: check-gpu"
     )
 
 
-def refuse_cpu_run_over_free_memory(args: PretrainArguments, model: GPT2LMHeadModel) -> None:
-    """Before a CPU run's loop is built: a first step that needs more memory than is free now
-    stops in one line, where the out-of-memory killer would end it without one."""
-    needed = sum(memory_estimate(args, model, args.training.per_device_train_batch_size))
-    free = psutil.virtual_memory().available
+def first_step_memory(args: PretrainArguments, model: GPT2LMHeadModel) -> tuple[float, int]:
+    """The bytes a CPU run's first step needs (check-gpu's estimate) and the bytes free now."""
+    batch = args.training.per_device_train_batch_size
+    return sum(memory_estimate(args, model, batch)), psutil.virtual_memory().available
+
+
+def refuse_cpu_run_over_free_memory(args: PretrainArguments, config: GPT2Config) -> None:
+    """Before a CPU run prepares its data: a first step that needs more memory than is free
+    now stops in one line, where the out-of-memory killer would end it without one."""
+    with torch.device("meta"):  # the shapes alone
+        needed, free = first_step_memory(args, GPT2LMHeadModel(config))
     if needed > free and args.training.check_free_memory:
         raise InputError(
             f"on the CPU, the first step needs about {needed / 2**30:.1f} GiB and "

@@ -6,6 +6,7 @@ is timed here or by the `LoopClock` a loop is given, never in a loop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Callable
@@ -163,8 +164,11 @@ class RunShell:
             compile_cache = use_compile_cache(
                 Path(asked or Path(args.data.cache_dir) / "compile"), bool(asked), self.output_dir
             )
+        model_checks = [self.check_model]
+        if training_args.device.type == "cpu":
+            model_checks.append(functools.partial(refuse_cpu_run_over_free_memory, args))
         self.plan = plan = plan_run(
-            args, self.batch_blocks, precision, (self.check_model,), self.checkpoints
+            args, self.batch_blocks, precision, model_checks, self.checkpoints
         )
         budget.lap(TIME_DATA)
         if plan.finished is not None:
@@ -177,7 +181,6 @@ class RunShell:
             use_chunked_loss(model)
         setup = self.describe(model)
         if training_args.device.type == "cpu":
-            refuse_cpu_run_over_free_memory(args, model)
             tokens = plan.schedule.tokens_between(plan.resumed_from_step, plan.schedule.max_steps)
             if is_main and (estimate := cpu_run_estimate(args, model, tokens)):
                 logger.warning(estimate)

@@ -11,10 +11,11 @@ from types import SimpleNamespace
 import psutil
 import pytest
 import torch
-from pretrain_runs import TINY_CONFIG
+from pretrain_runs import TINY_CONFIG, tiny_run_argv
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
 from common.cli import InputError
+from pretrain import run
 from pretrain.args import PretrainArguments
 from pretrain.check_gpu import gpu_lines, main, memory_line, meta_model, sdpa_line
 from pretrain.device import cuda_unusable_reason
@@ -115,10 +116,21 @@ def test_a_cpu_run_needing_more_memory_than_this_machine_has_is_refused_unless_a
     args, model = course_run(*flags)
     assert sum(memory_estimate(args, model, 4096)) > psutil.virtual_memory().total
     with pytest.raises(InputError, match=r"GiB is free: .*tiny\.yaml.*--check_free_memory false"):
-        refuse_cpu_run_over_free_memory(args, model)
-    refuse_cpu_run_over_free_memory(*course_run(*flags, "--check_free_memory", "false"))
+        refuse_cpu_run_over_free_memory(args, model.config)
+    unchecked, _ = course_run(*flags, "--check_free_memory", "false")
+    refuse_cpu_run_over_free_memory(unchecked, model.config)
     (tiny,) = PretrainArguments.parse(["--config", str(TINY_CONFIG)])
-    refuse_cpu_run_over_free_memory(tiny, meta_model(tiny))  # a few MB
+    refuse_cpu_run_over_free_memory(tiny, meta_model(tiny).config)  # a few MB
+
+
+def test_the_memory_refusal_comes_before_any_block_is_prepared(
+    wos_corpus_dir, tiny_tokenizer_dir, tmp_path, capsys
+):
+    cache_dir, output_dir = tmp_path / "cache", tmp_path / "run"
+    argv = tiny_run_argv(wos_corpus_dir, tiny_tokenizer_dir, cache_dir, output_dir)
+    assert run.main([*argv, "--per_device_train_batch_size", str(10**7)]) == 2
+    assert "GiB is free: " in capsys.readouterr().err
+    assert not cache_dir.exists() and not output_dir.exists()
 
 
 def test_the_course_config_s_asynchronous_copies_are_off_on_the_cpu(course):
