@@ -140,7 +140,7 @@ def outcome(codes: dict[int, int], stop: StopSignals) -> tuple[int, str | None]:
         # before its first step exits 128 + signal too, and requeueing it would repeat that.
         if checkpoint != stop.checkpoint_before:
             return 128 + stop.received, None
-        why = "it came before training began"
+        why = "it came before training began (or the loop saves no checkpoints: TP, PP)"
         if stop.grace_ended:
             grace = f"{stop.timer.interval:g} s ({STOP_GRACE_VARIABLE})"
             why = f"the processes were killed after {grace}"

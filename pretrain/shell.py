@@ -135,22 +135,25 @@ class RunShell:
         """The whole run; its exit code."""
         # Before the folder lock: processes that did not join would each take it as rank 0.
         check_processes_joined(self.training_args)
+        shared = False  # a stop or an error may be one process's while its peers wait
         try:
             self.check_launch()
             with (
                 library_progress_bars(enabled=not self.training_args.disable_tqdm),
-                self.stop_on_signal.caught() if self.checkpoints else nullcontext(),
+                self.stop_on_signal.caught(),  # a loop without checkpoints stops at once
                 hold_run_folder(self.output_dir, self.training_args),
             ):
-                return self.plan_and_train()
+                code, shared = self.plan_and_train(), True
+                return code
         except StopRequested as stop:
-            logger.warning(
-                "stopped by %s before training started; nothing was kept", stop.received.name
-            )
+            when = "before training started" if self.checkpoints else "(this loop saves none)"
+            logger.warning("stopped by %s %s; nothing was kept", stop.received.name, when)
             return 128 + int(stop.received)
+        except (InputError, RunFailed):
+            shared = True
+            raise
         finally:
-            error = sys.exc_info()[1]
-            self.close(error is None or isinstance(error, InputError | RunFailed))
+            self.close(shared)
 
     def plan_and_train(self) -> int:
         """In the held folder: plan, model, loop, training, final model, measurement, summary."""

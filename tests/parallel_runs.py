@@ -1,6 +1,6 @@
 """Helpers for the tensor- and pipeline-parallel tests: tiny runs of
-pretrain.run_model_parallel under torchrun, and the one-process reference they must equal:
-pretrain/run.py itself."""
+pretrain/run_model_parallel.py under launch-pretraining, and the one-process reference they
+must equal: pretrain/run.py itself."""
 
 from __future__ import annotations
 
@@ -60,11 +60,13 @@ def trainer_reference(data_paths: dict, tmp_path_factory) -> Path:
 
 
 def launch_model_parallel(argv: list[str]) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node 2 -m pretrain.run_model_parallel ARGV` on CPU."""
+    """`launch-pretraining` (the documented command) on 2 CPU processes:
+    pretrain/run_model_parallel.py ARGV."""
     command = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nproc_per_node", str(NUM_PROCESSES),
-        "-m", "pretrain.run_model_parallel", *argv,
+        sys.executable, "-m", "pretrain.launch",
+        "--config_file", str(REPO_ROOT / "accelerate_configs" / "cpu_ddp.yaml"),
+        "--num_processes", str(NUM_PROCESSES),
+        str(REPO_ROOT / "pretrain" / "run_model_parallel.py"), *argv,
     ]  # fmt: skip
     return subprocess.run(
         command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600

@@ -48,14 +48,20 @@ def data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
 
 
 def launch(
-    data_paths: dict, run_dir: Path, num_processes: int, *flags: str, python=False, **env: str
+    data_paths: dict,
+    run_dir: Path,
+    num_processes: int,
+    *flags: str,
+    python=False,
+    run_script: Path = RUN_SCRIPT,
+    **env: str,
 ) -> subprocess.Popen:
     """The launcher (or plain `python`) on a tiny run long enough to be stopped, in a process
-    group of its own; `flags` for pretrain/run.py."""
+    group of its own; `flags` for `run_script` (pretrain/run.py)."""
     config = CPU_DDP_CONFIG if num_processes > 1 else CPU_CONFIG
     argv = tiny_run_argv(**data_paths, output_dir=run_dir, num_blocks=NUM_BLOCKS)
     script = [
-        str(RUN_SCRIPT), *argv, "--per_device_train_batch_size", str(4 // num_processes),
+        str(run_script), *argv, "--per_device_train_batch_size", str(4 // num_processes),
         # Every step a boundary at which the processes agree to stop.
         "--logging_steps", "1", "--save_steps", str(SAVE_STEPS), *flags,
     ]  # fmt: skip
@@ -220,6 +226,32 @@ def test_a_process_ended_by_its_peer_s_failure_adds_no_second_line(tmp_path):
     )
     assert result.returncode == 3, result.stderr[-3000:]
     assert error_lines(result.stderr) == ["error: cannot save in run: no space left on device"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_stop_during_a_pipeline_run_ends_every_process_in_one_line_keeping_nothing(
+    data_paths, tmp_path
+):
+    """The TP/PP loop saves no checkpoints: a stop signal to every process of the step, as Slurm
+    sends it, ends them at once (no process left waiting in a collective), folder removed."""
+    run_dir = tmp_path / "run"
+    script = REPO_ROOT / "pretrain" / "run_model_parallel.py"
+    flags = ("--strategy", "pp", "--per_device_train_batch_size", "4")  # one pipeline: 4 blocks
+    launcher = launch(data_paths, run_dir, 2, *flags, run_script=script)
+    deadline = time.monotonic() + 300
+    while not list(run_dir.glob("tensorboard/events.*")):
+        assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the pipeline run did not start within 300 s"
+        time.sleep(0.2)
+    os.killpg(launcher.pid, signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=600)
+
+    assert launcher.returncode == 3, stderr[-3000:]
+    (error,) = error_lines(stderr)
+    assert "SIGTERM stopped the run unsaved" in error and "saves no checkpoints" in error
+    assert stderr.count("stopped by SIGTERM (this loop saves none); nothing was kept") == 2
+    assert not run_dir.exists()
 
 
 @pytest.mark.slow
