@@ -204,8 +204,14 @@ class ModelParallelRun(RunShell):
         return PrecisionChoice("no", "this loop trains in fp32", tf32=False)
 
     def check_model(self, config: GPT2Config) -> None:
-        if self.parallel.strategy == "tp":
-            check_tensor_parallel_size(config.n_head, self.training_args.world_size)
+        parallel, world_size = self.parallel, self.training_args.world_size
+        if parallel.strategy == "tp":
+            check_tensor_parallel_size(config.n_head, world_size)
+        elif parallel.strategy == "pp":  # the last step's blocks are checked once planned
+            check_pipeline_arguments(
+                config.n_layer, world_size, parallel.pipeline_schedule,
+                parallel.num_microbatches, self.batch_blocks,
+            )  # fmt: skip
 
     def build(self, model: GPT2LMHeadModel) -> tuple[Strategy, str]:
         parallel, training_args, schedule = self.parallel, self.training_args, self.plan.schedule
