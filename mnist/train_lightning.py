@@ -239,7 +239,12 @@ def fit(
             limit_val_batches=None if len(splits.val_labels) else 0,
         )
         start = time.perf_counter()
-        trainer.fit(module, datamodule=datamodule)
+        try:
+            trainer.fit(module, datamodule=datamodule)
+        except SystemExit:
+            if trainer.interrupted:  # Lightning ends Ctrl-C with exit 1; the others end it as 130
+                raise KeyboardInterrupt from None
+            raise
         train_seconds = time.perf_counter() - start
         trainer.test(module, datamodule=datamodule, verbose=False)
     return TrainedModel(module.model, module.test_evaluation, history.history, train_seconds)
