@@ -270,6 +270,10 @@ class PretrainTrainingArguments(TrainingArguments):
         return self.world_size * self.per_device_train_batch_size * self.gradient_accumulation_steps
 
 
+# The options a predicted final loss was made for (with the recipe's own, which a config sets).
+PREDICTION_SCOPE = {"--model_preset", "--max_train_tokens", "--block_size", "--vocab_size"}
+
+
 class PretrainArguments(NamedTuple):
     """Every option of pretrain/run.py, one dataclass per concern."""
 
@@ -299,7 +303,14 @@ class PretrainArguments(NamedTuple):
         `--config`."""
         option_classes = get_type_hints(cls).values()
         values = parse_args((*extra, *option_classes), argv, description=description, prog=prog)
-        return (*values[: len(extra)], cls(*values[len(extra) :]))
+        args = cls(*values[len(extra) :])
+        # A config file's prediction is for its own shape and tokens, not one changed by a flag.
+        flags = {word.split("=")[0] for word in (sys.argv[1:] if argv is None else argv)}
+        changed = sorted(flags & PREDICTION_SCOPE)
+        if args.report.prediction and changed and "--expected_final_loss" not in flags:
+            logger.info("no predicted final loss: it is not for this run's %s", ", ".join(changed))
+            args.report.expected_final_loss = None
+        return (*values[: len(extra)], args)
 
 
 # --- What the run changes in the options it was given ----------------------------------------

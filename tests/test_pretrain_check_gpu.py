@@ -207,3 +207,14 @@ def test_check_gpu_on_this_machine_names_torch_s_reason(monkeypatch, capsys):
     assert main([]) == 2
     (error,) = capsys.readouterr().err.splitlines()
     assert error.startswith("error: no usable GPU: ")
+
+
+def test_the_course_prediction_is_left_out_for_another_shape_or_budget_unless_given():
+    def prediction(*flags: str) -> tuple[float, float] | None:
+        (args,) = PretrainArguments.parse(["--config", str(COURSE_CONFIG), *flags])
+        return args.report.prediction
+
+    assert prediction() is not None
+    assert prediction("--model_preset", "4x256") is None
+    assert prediction("--max_train_tokens=1M") is None
+    assert prediction("--model_preset", "4x256", "--expected_final_loss", "5")[0] == 5
