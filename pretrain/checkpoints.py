@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,15 +17,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
+from accelerate.utils.constants import FSDP_MODEL_NAME
 from safetensors import safe_open
 from transformers import (
+    AutoModelForCausalLM,
     GPT2Config,
     TrainerCallback,
     TrainerControl,
     TrainerState,
     TrainingArguments,
 )
-from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
+from transformers.trainer import (
+    OPTIMIZER_NAME,
+    OPTIMIZER_NAME_BIN,
+    TRAINER_STATE_NAME,
+    TRAINING_ARGS_NAME,
+)
 from transformers.trainer_pt_utils import safe_globals
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
 
@@ -302,24 +310,101 @@ def launched_strategy(training_args: TrainingArguments) -> dict[str, Any]:
     return {"strategy": name, "num_processes": training_args.world_size}
 
 
-def check_same_strategy(checkpoint: Path, launched: dict[str, Any], is_main: bool) -> None:
-    """Refuse to resume a checkpoint under another strategy or number of processes than wrote
-    it (none converts the other's shards: ZeRO's optimizer would start afresh, FSDP2's shards
-    not load); one of an older release, which did not record it, is assumed the same."""
-    written_by = read_manifest(checkpoint).get("written_by")
+# The strategies whose checkpoints hold whole tensors, convertible into each other's layout
+# (`convert_checkpoint`): FSDP2's full state dict names the optimizer's parameters, the others'
+# number them. ZeRO's flat partitions convert to no other.
+CONVERTIBLE_STRATEGIES = ("single", "ddp", "fsdp2")
+FSDP_MODEL_FILE = f"{FSDP_MODEL_NAME}.bin"
+
+
+def check_same_strategy(checkpoint: Path, launched: dict[str, Any], is_main: bool) -> bool:
+    """Whether the checkpoint was written by another strategy or number of processes, which
+    `convert_checkpoint` converts; refused when it cannot: ZeRO's, or one whose optimizer's
+    parameter names are unrecorded (an earlier release). One of a release that did not record
+    its strategy is assumed the same."""
+    manifest = read_manifest(checkpoint)
+    written_by = manifest.get("written_by")
     if written_by is None:
         if is_main:
             logger.warning(
                 "%s does not record the strategy that wrote it (an older release): resuming "
                 "it as %s", checkpoint.name, strategy_in_words(launched),
             )  # fmt: skip
-        return
-    if written_by != launched:
+        return False
+    if written_by == launched:
+        return False
+    source, name = written_by.get("strategy"), launched["strategy"]
+    optimizer_file = OPTIMIZER_NAME_BIN if source == "fsdp2" else OPTIMIZER_NAME
+    convertible = {source, name} <= set(CONVERTIBLE_STRATEGIES)
+    convertible &= (checkpoint / optimizer_file).is_file()  # not FSDP2's sharded state dict
+    unnamed = name == "fsdp2" != source and "optimizer_parameters" not in manifest
+    if not convertible or unnamed:
+        why = "an earlier release recorded no optimizer parameter names" if convertible else (
+            "only one process, DDP and FSDP2 (full state dict) convert into each other"
+        )  # fmt: skip
         raise InputError(
             f"{checkpoint.name} was written by {strategy_in_words(written_by)}; this run is "
-            f"{strategy_in_words(launched)}: resume it with the accelerate config and "
-            "--num_processes it was written with, or start a new run in another --output_dir"
+            f"{strategy_in_words(launched)} ({why}): resume it with the accelerate config it was "
+            f"written with and --num_processes {written_by.get('num_processes')}, or start a "
+            "new run in another --output_dir"
         )
+    return True
+
+
+def convert_checkpoint(
+    checkpoint: Path, launched: dict[str, Any], output_dir: Path, is_main: bool
+) -> Path:
+    """A sealed copy of `checkpoint` (left as it is) in `output_dir`, in the layout the `launched`
+    strategy resumes, written by the main process, checked by all: the weights and the optimizer
+    state as FSDP2's full state dict or as safetensors and torch's numbered state, and one RNG
+    state a process (the same on every process, as Trainer seeds them)."""
+    manifest = read_manifest(checkpoint)
+    written_by = manifest["written_by"]
+    name, processes = launched["strategy"], launched["num_processes"]
+    target = output_dir / f"converted-{checkpoint.name}-for-{name}-on-{processes}"
+    if is_main:
+        shutil.rmtree(target, ignore_errors=True)  # a conversion cut short
+        target.mkdir()
+        rng_files = sorted(checkpoint.glob("rng_state*.pth"))
+        layout_files = {FSDP_MODEL_FILE, OPTIMIZER_NAME, OPTIMIZER_NAME_BIN}
+        for path in checkpoint.iterdir():
+            if path.name not in layout_files | {CHECKPOINT_MANIFEST_FILE} and path not in rng_files:
+                shutil.copy2(path, target)
+        for rank in range(processes):  # rank r's state where it has one, else the first
+            rng_name = "rng_state.pth" if processes == 1 else f"rng_state_{rank}.pth"
+            source = checkpoint / f"rng_state_{rank}.pth"
+            shutil.copy2(source if source in rng_files[1:] else rng_files[0], target / rng_name)
+        source_fsdp, target_fsdp = written_by["strategy"] == "fsdp2", name == "fsdp2"
+        optimizer = torch.load(
+            checkpoint / (OPTIMIZER_NAME_BIN if source_fsdp else OPTIMIZER_NAME), weights_only=True
+        )
+        if source_fsdp != target_fsdp:
+            flat = [key for group in optimizer["param_groups"] for key in group["params"]]
+            keys = manifest["optimizer_parameters"] if target_fsdp else range(len(flat))
+            rename = dict(zip(flat, keys, strict=True))
+            optimizer = {
+                "state": {rename[key]: state for key, state in optimizer["state"].items()},
+                "param_groups": [
+                    {**group, "params": [rename[key] for key in group["params"]]}
+                    for group in optimizer["param_groups"]
+                ],
+            }
+        torch.save(optimizer, target / (OPTIMIZER_NAME_BIN if target_fsdp else OPTIMIZER_NAME))
+        if target_fsdp:  # every name of the model's state dict, the tied head's included
+            model = AutoModelForCausalLM.from_pretrained(checkpoint, use_safetensors=True)
+            torch.save(model.state_dict(), target / FSDP_MODEL_FILE)
+        del manifest["files"]
+        seal_checkpoint(
+            target, manifest | {"written_by": launched, "converted_from": checkpoint.name}
+        )
+        logger.warning(
+            "%s was written by %s: resuming its copy converted for %s, %s",
+            checkpoint.name, strategy_in_words(written_by), strategy_in_words(launched),
+            target.name,
+        )  # fmt: skip
+    if (damage := checkpoint_damage(target)) is not None:
+        raise InputError(f"the converted copy {target} of {checkpoint.name} is damaged: {damage}")
+    return target
 
 
 def strategy_in_words(record: dict[str, Any]) -> str:
@@ -329,8 +414,8 @@ def strategy_in_words(record: dict[str, Any]) -> str:
 
 class CheckpointManifestCallback(TrainerCallback):
     """Seal each checkpoint once every process has written its shards: the main process writes
-    the manifest with the run's identity, the `strategy` in force and the save's seconds, also
-    listed in `saves`."""
+    the manifest with the run's identity, the `strategy` in force (and the optimizer's parameter
+    names, in its order) and the save's seconds, also listed in `saves`."""
 
     strategy: Strategy | None = None  # set once the loop has set it up
 
@@ -356,6 +441,10 @@ class CheckpointManifestCallback(TrainerCallback):
             strategy = self.strategy
             written_by = {"strategy": strategy.name, "num_processes": strategy.num_processes}
             record = {"run_identity": self.identity, "written_by": written_by}
+            if strategy.name in CONVERTIBLE_STRATEGIES:  # the names `convert_checkpoint` needs
+                names = {id(param): name for name, param in kwargs["model"].named_parameters()}
+                groups = kwargs["optimizer"].param_groups
+                record["optimizer_parameters"] = [names[id(p)] for g in groups for p in g["params"]]
             seal_checkpoint(checkpoint_dir, record | {"save_seconds": seconds})
             warn_if_longer_than_grace(seconds, checkpoint_dir)
         if distributed:

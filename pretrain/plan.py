@@ -29,6 +29,7 @@ from pretrain.checkpoints import (
     check_same_run,
     check_same_strategy,
     checkpoint_global_step,
+    convert_checkpoint,
     identity_differences,
     launched_strategy,
     resolve_resume_checkpoint,
@@ -104,8 +105,12 @@ def plan_run(
                 output_dir, training_args.resume_from_checkpoint, is_main=training_args.should_save
             )
         if resume_checkpoint is not None:
-            launched = launched_strategy(training_args)
-            check_same_strategy(resume_checkpoint, launched, training_args.process_index == 0)
+            launched, is_main = launched_strategy(training_args), training_args.process_index == 0
+            if check_same_strategy(resume_checkpoint, launched, is_main):
+                with training_args.main_process_first(local=False, desc="converting a checkpoint"):
+                    resume_checkpoint = convert_checkpoint(
+                        resume_checkpoint, launched, output_dir, is_main
+                    )
     budgeted = budget_in_whole_batches(args, batch_blocks)
     # The main process builds the cache; the others then find it ready (shared filesystem).
     with training_args.main_process_first(local=False, desc="preparing packed blocks"):

@@ -38,12 +38,14 @@ from common.run_contract import (
     TRAIN_LOSS,
 )
 from pretrain.checkpoints import (
+    check_same_strategy,
     checkpoint_damage,
     checkpoint_global_step,
     identity_differences,
     list_checkpoints,
     resolve_resume_checkpoint,
     seal_checkpoint,
+    strategy_in_words,
 )
 from pretrain.run import main
 from pretrain.run_folder import hold_run_folder
@@ -372,10 +374,10 @@ def copy_of_run(run_with_checkpoints, tmp_path, drop_finish: bool):
     return [str(copy) if part == str(output_dir) else part for part in map(str, argv)], copy
 
 
-def test_a_checkpoint_is_resumed_only_under_the_strategy_and_processes_that_wrote_it(
+def test_a_zero_checkpoint_is_resumed_only_under_the_strategy_and_processes_that_wrote_it(
     run_with_checkpoints, tmp_path, capsys
 ):
-    """Refused in one line before any block is prepared: no strategy converts another's shards."""
+    """Refused in one line before any block is prepared: ZeRO's shards convert to no other."""
     argv, output_dir = copy_of_run(run_with_checkpoints, tmp_path, drop_finish=True)
     newest = list_checkpoints(output_dir)[0]
     manifest = json.loads((newest / CHECKPOINT_MANIFEST_FILE).read_text())
@@ -388,9 +390,39 @@ def test_a_checkpoint_is_resumed_only_under_the_strategy_and_processes_that_wrot
     (error,) = capsys.readouterr().err.splitlines()
     assert error.startswith(
         f"error: {newest.name} was written by ZeRO-2 on 2 processes; this run is one process "
-        "on 1 process: resume it with the accelerate config and --num_processes it was written"
+        "on 1 process (only one process, DDP and FSDP2 (full state dict) convert into each "
+        "other): resume it with the accelerate config it was written with and --num_processes 2"
     )
     assert not fresh_cache.exists() or not any(fresh_cache.iterdir())
+
+
+NOT_CONVERTED = "only one process, DDP and FSDP2 (full state dict) convert into each other"
+
+
+@pytest.mark.parametrize(
+    ("written_by", "launched", "why"),
+    [
+        (("zero3", 2), ("fsdp2", 2), NOT_CONVERTED),
+        (("ddp", 2), ("zero2", 2), NOT_CONVERTED),
+        (("zero2", 2), ("zero2", 1), NOT_CONVERTED),
+        (("single", 1), ("fsdp2", 2), "an earlier release recorded no optimizer parameter names"),
+    ],
+)
+def test_a_checkpoint_that_converts_to_no_other_strategy_is_refused_naming_both(
+    tmp_path, written_by, launched, why
+):
+    written_by, launched = ({"strategy": s, "num_processes": n} for s, n in (written_by, launched))
+    checkpoint = make_checkpoint(tmp_path, 4, complete=False)
+    torch.save({"state": {}, "param_groups": []}, checkpoint / "optimizer.pt")
+    seal_checkpoint(checkpoint, {"run_identity": {}, "written_by": written_by})
+    with pytest.raises(InputError) as refusal:
+        check_same_strategy(checkpoint, launched, is_main=True)
+    assert str(refusal.value) == (
+        f"checkpoint-4 was written by {strategy_in_words(written_by)}; this run is "
+        f"{strategy_in_words(launched)} ({why}): resume it with the accelerate config it was "
+        f"written with and --num_processes {written_by['num_processes']}, or start a new run in "
+        "another --output_dir"
+    )
 
 
 def test_resuming_a_finished_run_changes_nothing_and_says_so(run_with_checkpoints, capsys):
