@@ -10,9 +10,21 @@ import subprocess
 
 import pytest
 import torch
-from pretrain_runs import COURSE_OPTIMISER, read_summary, shared_data_paths, subprocess_env
-from pretrain_runs import tiny_run_argv as one_process_argv
-from sharded_runs import CONFIG_DIR, LOSS_TOLERANCE, NUM_BLOCKS, NUM_STEPS, two_process_command
+from pretrain_runs import (
+    COURSE_OPTIMISER,
+    read_summary,
+    shared_data_paths,
+    subprocess_env,
+    tiny_run_argv,
+)
+from sharded_runs import (
+    CONFIG_DIR,
+    GLOBAL_BATCH,
+    LOSS_TOLERANCE,
+    NUM_BLOCKS,
+    NUM_STEPS,
+    two_process_command,
+)
 from transformers.trainer import OPTIMIZER_NAME, OPTIMIZER_NAME_BIN
 
 from common.files import read_manifest
@@ -39,12 +51,15 @@ def train(launch: str, data_paths: dict, output_dir, *options: str) -> None:
     """The tiny run of tests/sharded_runs.py (the same global batch) under `launch`, to its end."""
     config, processes = LAUNCHES[launch]
     if config is None:
-        argv = one_process_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS)
-        assert main([*argv, *OPTIONS, *options]) == 0
+        argv = tiny_run_argv(**data_paths, output_dir=output_dir, num_blocks=NUM_BLOCKS)
+        assert (
+            main([*argv, "--per_device_train_batch_size", str(GLOBAL_BATCH), *OPTIONS, *options])
+            == 0
+        )
         return
     command = two_process_command(config, data_paths, output_dir, *OPTIONS, *options)
     command[command.index("--num_processes") + 1] = str(processes)
-    command += ["--per_device_train_batch_size", str(4 // processes)]
+    command += ["--per_device_train_batch_size", str(GLOBAL_BATCH // processes)]
     result = subprocess.run(
         command, env=subprocess_env(), capture_output=True, text=True, timeout=600
     )
@@ -53,7 +68,8 @@ def train(launch: str, data_paths: dict, output_dir, *options: str) -> None:
 
 @pytest.fixture(scope="module")
 def finished_runs(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory):
-    """One uninterrupted run of each writing strategy, each resumed from its checkpoint."""
+    """One uninterrupted run of each writing strategy: the tests resume copies of its folder
+    from the checkpoint halfway, each under another strategy."""
     data_paths = shared_data_paths(wos_corpus_dir, tiny_tokenizer_dir, tmp_path_factory)
     root = tmp_path_factory.mktemp("strategies")
     for launch in ("single", "ddp", "fsdp2"):
