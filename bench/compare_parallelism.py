@@ -285,15 +285,6 @@ def launch_command(
     ]  # fmt: skip
 
 
-def steady_step_seconds(summary: dict[str, Any]) -> float | None:
-    """Seconds per optimizer step after the first (which carries compilation and warm-up)."""
-    first, loop = summary.get("first_step_seconds"), summary.get("train_loop_seconds")
-    steps = summary.get("global_step", 0) - summary.get("resumed_from_step", 0)
-    if first is None or loop is None or steps < 2 or loop <= first:
-        return None
-    return (loop - first) / (steps - 1)
-
-
 def max_over_ranks(records: list[dict[str, Any]], *keys: str) -> int:
     return max(sum(record[key] for key in keys) for record in records)
 
@@ -315,7 +306,6 @@ def read_summary(row: ComparisonRow, spec: StrategySpec, summary: dict[str, Any]
     row.optimizer = f"Muon + {adamw}" if config["MuonArguments"]["muon"] else adamw
     row.global_batch_tokens = summary["global_batch_tokens"]
     row.final_loss = summary["final_loss"]
-    row.step_seconds = steady_step_seconds(summary)
     row.parameter_bytes = max_over_ranks(ranks, "parameter_bytes")
     row.optimizer_state_bytes = max_over_ranks(ranks, "optimizer_state_bytes")
     row.parameter_and_optimizer_bytes = max_over_ranks(
@@ -330,6 +320,9 @@ def read_summary(row: ComparisonRow, spec: StrategySpec, summary: dict[str, Any]
         summary.get("train_loop_seconds"),
         first_step=(row.global_batch_tokens, summary.get("first_step_seconds")),
     )
+    # A step after the first (which carries compilation and warm-up) moves one global batch.
+    if row.tokens_per_second is not None:
+        row.step_seconds = row.global_batch_tokens / row.tokens_per_second
 
 
 def run_strategy(

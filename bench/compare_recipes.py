@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import re
 import shlex
 import statistics
@@ -33,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from transformers.hf_argparser import HfArg
 
 from bench.variants import REPO_ROOT, repo_environment, run_variant
@@ -146,10 +146,7 @@ def train(run: Run, num_threads: int) -> dict | None:
 
 def largest_loss_rise(losses) -> float:
     """How far the loss climbed above the lowest value it had reached before (0: never)."""
-    rise, lowest = 0.0, math.inf
-    for loss in losses:
-        rise, lowest = max(rise, loss - lowest), min(lowest, loss)
-    return rise
+    return float(np.max(losses - np.minimum.accumulate(losses), initial=0.0))
 
 
 def settings_cells(config: dict) -> list[str]:

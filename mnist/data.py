@@ -12,7 +12,6 @@ index ranges out of it, with no per-sample Python work.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import math
@@ -82,13 +81,9 @@ class DigitSplits:
 
 
 def count_shared_images(train_images: np.ndarray, test_images: np.ndarray) -> int:
-    """How many test images equal a training image pixel for pixel (a 128-bit hash each)."""
-
-    def digest(image: np.ndarray) -> bytes:
-        return hashlib.blake2b(image.tobytes(), digest_size=16).digest()
-
-    seen = {digest(image) for image in train_images}
-    return sum(digest(image) in seen for image in test_images)
+    """How many test images equal a training image pixel for pixel."""
+    seen = {image.tobytes() for image in train_images}  # 47 MB for the 60,000 MNIST digits
+    return sum(image.tobytes() in seen for image in test_images)
 
 
 def normalize_images(images: Tensor) -> Tensor:
@@ -157,11 +152,8 @@ def find_idx_files(args: MnistArguments) -> tuple[dict[str, Path], list[str]]:
                 raise InputError(f"--{role} {explicit} does not exist; pass an existing IDX file")
             found[role] = Path(explicit)
             continue
-        candidates = (
-            folder / name for folder in idx_search_dirs(args) for name in idx_file_names(role)
-        )
-        match = next((path for path in candidates if path.is_file()), None)
-        if match is not None:
+        names = (folder / name for folder in idx_search_dirs(args) for name in idx_file_names(role))
+        if match := next(filter(Path.is_file, names), None):
             found[role] = match
     return found, [role for role in IDX_STEMS if role not in found]
 
