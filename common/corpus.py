@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import IO
 
 import numpy as np
@@ -334,27 +334,31 @@ def file_source(path: Path) -> TextSource:
 
 def _find_wos_text_in_folder(folder: Path, subset: str) -> Path:
     candidates = sorted(folder.rglob(WOS_TEXT_FILE))
-    chosen = [path for path in candidates if path.parent.name == subset]
-    if len(chosen) == 1:
-        return chosen[0]
-    if len(chosen) > 1:
-        listing = ", ".join(str(path) for path in chosen)
-        raise InputError(
-            f"folder {folder} holds several {subset}/{WOS_TEXT_FILE} ({listing}); "
-            "pass the one to read"
-        )
-    available = sorted({path.parent.name for path in candidates})
-    if available:
-        raise InputError(
-            f"folder {folder} has no subset {subset}; available: {', '.join(available)} "
-            "(choose one with --subset)"
-        )
+    if candidates:
+        return _choose_subset(candidates, subset, f"folder {folder}")
     zips = sorted(str(path) for path in folder.rglob("*.zip"))
     hint = f"pass the zip itself ({zips[0]})" if zips else "pass text files or a glob instead"
     raise InputError(
         f"folder {folder} holds no {WOS_TEXT_FILE} (expected the Web of Science layout "
         f"WOS46985/{WOS_TEXT_FILE}); {hint}"
     )
+
+
+def _choose_subset(candidates: list[PurePath], subset: str, where: str) -> PurePath:
+    """The one `<subset>/X.txt` of the X.txt files found in `where` (a folder or a zip)."""
+    chosen = [path for path in candidates if path.parent.name == subset]
+    if len(chosen) > 1:
+        listing = ", ".join(map(str, chosen))
+        raise InputError(
+            f"{where} holds several {subset}/{WOS_TEXT_FILE} ({listing}); pass the one to read"
+        )
+    if not chosen:
+        available = sorted({path.parent.name for path in candidates} - {""})
+        raise InputError(
+            f"{where} has no subset {subset}; available: {', '.join(available)} "
+            "(choose one with --subset)"
+        )
+    return chosen[0]
 
 
 def _zip_source(path: Path, subset: str) -> TextSource:
@@ -383,22 +387,11 @@ def _zip_source(path: Path, subset: str) -> TextSource:
 def _find_wos_member(archive: zipfile.ZipFile, subset: str, label: str) -> str | None:
     """Name of `<subset>/X.txt` in the archive (at any depth), None if it has no X.txt at all."""
     candidates = sorted(
-        name
+        PurePosixPath(name)
         for name in archive.namelist()
         if name.rsplit("/", 1)[-1] == WOS_TEXT_FILE and not name.startswith("__MACOSX/")
     )
-    if not candidates:
-        return None
-    chosen = [name for name in candidates if name.split("/")[-2:-1] == [subset]]
-    if len(chosen) == 1:
-        return chosen[0]
-    if len(chosen) > 1:
-        raise InputError(f"zip {label} holds several {subset}/{WOS_TEXT_FILE}: {', '.join(chosen)}")
-    available = sorted({name.split("/")[-2] for name in candidates if "/" in name})
-    raise InputError(
-        f"zip {label} has no subset {subset}; available: {', '.join(available)} "
-        "(choose one with --subset)"
-    )
+    return str(_choose_subset(candidates, subset, f"zip {label}")) if candidates else None
 
 
 def _zip_member_source(member: zipfile.Path, archive_label: str) -> TextSource:
