@@ -93,10 +93,7 @@ start_daemon() {
 }
 
 write_config() {
-    local ctld_port="$1" first_node_port last_node_port nodes node gres=""
-    first_node_port=$((ctld_port + 1))
-    last_node_port=$((ctld_port + NUM_NODES))
-    nodes="127.0.0.[2-$((NUM_NODES + 1))]"
+    local ctld_port="$1" node gres=""
     if ((GPUS_PER_NODE > 0)); then
         gres="Gres=gpu:$GPUS_PER_NODE"
         # A GPU GRES without device files is dropped and the node goes INVAL: point at /dev/null.
@@ -145,7 +142,7 @@ SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdSpoolDir=$DIR/d-%n
 SlurmdPidFile=$DIR/run/slurmd-%n.pid.slurm
 SlurmdLogFile=$DIR/log/slurmd-%n.log
-NodeName=$nodes NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$first_node_port-$last_node_port] CPUs=$CPUS_PER_NODE $gres State=UNKNOWN
+NodeName=127.0.0.[2-$((NUM_NODES + 1))] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((ctld_port + 1))-$((ctld_port + NUM_NODES))] CPUs=$CPUS_PER_NODE $gres State=UNKNOWN
 PartitionName=debug Nodes=ALL MaxTime=5 DefaultTime=5 Default=YES State=UP
 PartitionName=normal Nodes=ALL MaxTime=20 DefaultTime=20 State=UP
 EOF

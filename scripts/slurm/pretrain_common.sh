@@ -34,10 +34,6 @@ config_value() {
     "$PYTHON" -c 'import sys, yaml
 print((yaml.safe_load(open(sys.argv[1])) or {}).get(sys.argv[2], sys.argv[3]))' "$CONFIG" "$1" "$2"
 }
-# The recipe's global batch, read from the config (TrainingArguments' defaults: 8 x 1).
-config_global_batch() {
-    echo $(($(config_value per_device_train_batch_size 8) * $(config_value gradient_accumulation_steps 1)))
-}
 # srun does not inherit --cpus-per-task since Slurm 22.05.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 
@@ -63,7 +59,8 @@ gpus_on_node() {
 # Per-process batch for GLOBAL_BATCH blocks over $1 processes (no gradient accumulation).
 per_process_batch() {
     local processes=$1
-    GLOBAL_BATCH="${GLOBAL_BATCH:-$(config_global_batch)}"
+    # By default the recipe's, read from the config (TrainingArguments' defaults: 8 x 1).
+    GLOBAL_BATCH="${GLOBAL_BATCH:-$(($(config_value per_device_train_batch_size 8) * $(config_value gradient_accumulation_steps 1)))}"
     if ((GLOBAL_BATCH % processes != 0)); then
         echo "error: GLOBAL_BATCH=$GLOBAL_BATCH is not divisible by $processes processes" >&2
         exit 2
