@@ -229,12 +229,8 @@ def training_argv(
     blocks_per_process: int,
     shared_flags: list[str],
 ) -> list[str]:
-    """The training flags of one strategy: the shared options, then what each loop needs to
-    record the last step's loss and to skip work the comparison does not read.
-
-    Every strategy runs the model as our loop can: eagerly, with transformers' loss, without
-    gradient accumulation; so the rows differ by their parallelism only.
-    """
+    """The training flags of one strategy: the shared options (the model run as our loop can),
+    then what each loop needs to record the last step's loss and to skip unread work."""
     argv = [
         "--config", args.training_config,
         "--output_dir", str(run_dir),

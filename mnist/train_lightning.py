@@ -168,8 +168,7 @@ class LayerViews(L.Callback):
     """The TensorBoard views of `mnist.viz`: the graph and the layers before training, the
     layers after each epoch, the projector embedding at the end."""
 
-    def __init__(self, num_projector_digits: int) -> None:
-        self.num_projector_digits = num_projector_digits
+    def __init__(self) -> None:
         self.probe_images: Tensor | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
@@ -187,7 +186,7 @@ class LayerViews(L.Callback):
             trainer.logger.experiment,
             pl_module.model,
             trainer.datamodule.splits,
-            self.num_projector_digits,
+            pl_module.args.num_projector_digits,
             trainer.global_step,
         )
 
@@ -230,7 +229,7 @@ def fit(
             logger=TensorBoardLogger(
                 save_dir=run_dir, name=TENSORBOARD_DIR, version="", default_hp_metric=False
             ),
-            callbacks=[history, LayerViews(args.num_projector_digits)],
+            callbacks=[history, LayerViews()],
             log_every_n_steps=args.log_every_n_steps,
             # The run folder gets model.pt at the end; per-epoch checkpoints would be noise.
             enable_checkpointing=False,

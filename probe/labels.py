@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,9 +180,8 @@ def _parse_label_names(data: bytes, label: str) -> WosLabelNames:
                 f"expected the WoS Data.xlsx with {' '.join(WOS_METADATA_COLUMNS)}"
             )
         columns = [header.index(column) for column in WOS_METADATA_COLUMNS]
-        domains: dict[int, Counter[str]] = {}
-        areas: dict[tuple[int, int], Counter[str]] = {}
-        labels: dict[int, Counter[str]] = {}
+        # id -> how often each name is given to it
+        domains, areas, labels = defaultdict(Counter), defaultdict(Counter), defaultdict(Counter)
         for row_number, row in enumerate(rows, start=2):
             values = [row[column] if column < len(row) else None for column in columns]
             if all(value is None for value in values):
@@ -194,9 +193,9 @@ def _parse_label_names(data: bytes, label: str) -> WosLabelNames:
                     f"{label} row {row_number}: Y1, Y2 and Y must be integers, got {values[:3]}"
                 ) from None
             domain, area = (str(value).strip() for value in values[3:])
-            domains.setdefault(domain_id, Counter())[domain] += 1
-            areas.setdefault((domain_id, area_id), Counter())[area] += 1
-            labels.setdefault(label_id, Counter())[area] += 1
+            domains[domain_id][domain] += 1
+            areas[domain_id, area_id][area] += 1
+            labels[label_id][area] += 1
     finally:
         workbook.close()
     num_ambiguous = sum(
