@@ -136,8 +136,10 @@ def load_run(run_dir: str | Path) -> RunRecord:
     running = read_lock(record)
     if running:
         record.note(f"running ({running}): the report shows what it has written so far")
-    if record.kind == UNKNOWN_KIND:  # no summary
-        record.kind = guess_kind_from_tags(record)
+    if record.kind == UNKNOWN_KIND:  # no summary: the stage whose own tags the events hold
+        logged = set(record.scalars) | set(record.images)
+        kinds = (kind for kind, markers in KIND_MARKER_TAGS.items() if logged.intersection(markers))
+        record.kind = next(kinds, UNKNOWN_KIND)
         if not running:
             record.note(
                 f"no {' or '.join(SUMMARY_FILES.values())}: the run is unfinished or was "
@@ -255,13 +257,6 @@ def read_event_files(record: RunRecord) -> None:
         record.scalars[tag] = ScalarSeries(steps.astype(np.int64), wall_times, values)
     if not record.scalars and not record.images:
         record.note("the event files hold no scalars or images yet")
-
-
-def guess_kind_from_tags(record: RunRecord) -> str:
-    """Which stage wrote the events, from tags only that stage logs."""
-    logged = set(record.scalars) | set(record.images)
-    kinds = (kind for kind, markers in KIND_MARKER_TAGS.items() if logged.intersection(markers))
-    return next(kinds, UNKNOWN_KIND)
 
 
 def unique_run_names(records: list[RunRecord]) -> None:
