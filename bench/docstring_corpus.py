@@ -23,7 +23,7 @@ from pathlib import Path
 from transformers.hf_argparser import HfArg
 
 from common.cli import InputError, entry_point, parse_args
-from common.demo_corpus import HEADING_UNDERLINE
+from common.demo_corpus import HEADING_UNDERLINE, MIN_WORDS_PER_PARAGRAPH
 from common.files import atomic_dir
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,6 @@ logger = logging.getLogger(__name__)
 # A triple-quoted string literal; docstrings are nearly always written this way.
 TRIPLE_QUOTED = re.compile(r'[rRuU]?"""(.*?)"""', re.DOTALL)
 WORD = re.compile(r"[A-Za-z][a-z]+")
-MIN_WORDS_PER_PARAGRAPH = 8
 # Share of whitespace-separated items that must be plain words: drops tables, signatures, code.
 MIN_WORD_SHARE = 0.7
 CORPUS_FILE = "docstrings.txt"

@@ -327,11 +327,8 @@ class DeviceBatches:
 def make_batches(
     images: Tensor, labels: Tensor, args: MnistArguments, training: bool, device: torch.device
 ) -> Iterable[tuple[Tensor, Tensor]]:
-    """DeviceBatches with --on_device_data, else a DataLoader over MnistDataset.
-
-    Training batches are shuffled and --batch_size large; evaluation needs no gradients and
-    takes EVAL_BATCH_SIZE digits at a time, in order.
-    """
+    """DeviceBatches with --on_device_data, else a DataLoader over MnistDataset; evaluation
+    keeps no gradients, so it takes larger batches (EVAL_BATCH_SIZE), in order."""
     batch_size = args.batch_size if training else max(args.batch_size, EVAL_BATCH_SIZE)
     if args.on_device_data:
         return DeviceBatches(images, labels, batch_size, training, device, args.seed)

@@ -53,10 +53,8 @@ def select_probe_images(images: Tensor, labels: Tensor, device: torch.device) ->
 
 
 def feature_map_grid(inputs: Tensor, maps: Tensor) -> Tensor:
-    """One row per digit: the input digit, then each channel's map, each scaled to [0, 1].
-
-    inputs: (N, 1, 28, 28) normalised digits; maps: (N, C, H, W) activations.
-    """
+    """One row per digit (N, 1, 28, 28): the digit, then each channel's map of `maps`
+    (N, C, H, W), each scaled to [0, 1]."""
     num_digits, num_channels = maps.shape[:2]
     maps = F.interpolate(maps, size=FEATURE_MAP_SIZE, mode="nearest")  # (N, C, 28, 28)
     tiles = torch.cat([inputs, maps], dim=1).reshape(-1, 1, FEATURE_MAP_SIZE, FEATURE_MAP_SIZE)
@@ -73,10 +71,8 @@ def filter_grid(weight: Tensor) -> Tensor:
 
 @torch.no_grad()
 def log_layers(writer: SummaryWriter, model: LeNet5, probe_images: Tensor, step: int) -> None:
-    """Feature maps of the probe digits, conv filters, weight and activation histograms.
-
-    probe_images: normalised digits (N, 1, 28, 28) on the model's device.
-    """
+    """Feature maps of the probe digits (normalised, on the model's device), conv filters,
+    weight and activation histograms."""
     was_training = model.training
     model.eval()
     activations = model.forward_with_activations(probe_images)
