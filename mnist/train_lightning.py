@@ -124,14 +124,11 @@ class LeNet5Module(L.LightningModule):
         if self.args.distort:
             self.generator = torch.Generator(self.device).manual_seed(self.args.seed)
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         optimizer = build_optimizer(self.model, self.args)
         total_steps = int(self.trainer.estimated_stepping_batches)
         scheduler = build_lr_scheduler(optimizer, self.args, total_steps)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }
+        return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
 
 
 class EpochHistory(L.Callback):
@@ -168,8 +165,7 @@ class LayerViews(L.Callback):
     """The TensorBoard views of `mnist.viz`: the graph and the layers before training, the
     layers after each epoch, the projector embedding at the end."""
 
-    def __init__(self) -> None:
-        self.probe_images: Tensor | None = None
+    probe_images: Tensor | None = None  # the digits whose feature maps are shown, once chosen
 
     def on_train_start(self, trainer: L.Trainer, pl_module: LeNet5Module) -> None:
         self.probe_images = viz.log_graph_and_layers(

@@ -29,7 +29,7 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 # The scalars dashboard filtered by a match-all regex: every chart in one expanded group
 # (unfiltered, only the first two tag groups are open and `train/` comes last).
 SCALARS_PAGE = "#scalars&tagFilter=.*"
-WINDOW_SIZE = (1400, 1600)
+WINDOW_SIZE = "1400,1600"  # width, height
 CHROMIUM_TIMEOUT = 120.0
 # Page time Chromium grants the page's scripts (fetching runs, tags, data, drawing the charts)
 # before it takes the picture; virtual time runs faster than the clock when the page is idle.
@@ -119,11 +119,9 @@ def take_screenshot(chromium_path: str, url: str, png_path: Path, scratch_dir: P
     """Load `url` in headless Chromium with a fresh profile and save the window as a PNG."""
     png_path = png_path.resolve()
     png_path.unlink(missing_ok=True)
-    profile_dir = scratch_dir / "chromium-profile"
-    width, height = WINDOW_SIZE
     command = [
-        chromium_path, *CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}",
-        f"--window-size={width},{height}", f"--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}",
+        chromium_path, *CHROMIUM_FLAGS, f"--user-data-dir={scratch_dir / 'chromium-profile'}",
+        f"--window-size={WINDOW_SIZE}", f"--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}",
         f"--screenshot={png_path}", url,
     ]  # fmt: skip
     # Chromium forks helpers: its own session lets a timeout end all of them.
