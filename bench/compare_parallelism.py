@@ -481,8 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:  # the loss difference from the first row's, single's, when both finished
         if row.succeeded and rows[0].succeeded:
             row.loss_difference = row.final_loss - rows[0].final_loss
-    table = write_comparison(args, rows, output_dir, argv)
-    print("\n".join(table))
+    print("\n".join(write_comparison(args, rows, output_dir, argv)))
     failed = [row.strategy for row in rows if not row.succeeded]
     if failed:
         logger.error("failed: %s (their logs are in %s)", ", ".join(failed), output_dir)

@@ -88,8 +88,7 @@ def write_demo_corpus(
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     (args,) = parse_args([DemoCorpusArguments], argv, description=__doc__, prog="write-demo-corpus")
-    path = write_demo_corpus(args.output_dir, args.max_documents, args.overwrite)
-    print(path)
+    print(write_demo_corpus(args.output_dir, args.max_documents, args.overwrite))
     return 0
 
 

@@ -207,8 +207,7 @@ def resolve_data_source(args: MnistArguments) -> str:
 
 def load_digit_splits(args: MnistArguments) -> DigitSplits:
     """Train / validation / test digits as chosen by the arguments. Raises InputError."""
-    source = resolve_data_source(args)
-    if source == "sample":
+    if resolve_data_source(args) == "sample":
         images, labels = load_sample_digits()
         train_idx, test_idx = split_per_class(labels, SAMPLE_TEST_FRACTION)
         train_images, train_labels = images[train_idx], labels[train_idx]

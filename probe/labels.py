@@ -156,8 +156,7 @@ def read_wos_label_names(
         if source is None:
             return None
     with source.open_binary() as handle:
-        data = handle.read()
-    return _parse_label_names(data, source.label)
+        return _parse_label_names(handle.read(), source.label)
 
 
 def _parse_label_names(data: bytes, label: str) -> WosLabelNames:
