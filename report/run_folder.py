@@ -170,9 +170,8 @@ def read_summary(record: RunRecord) -> None:
         )
     path = record.path / SUMMARY_FILES[kind]
     try:
-        versioned = VERSIONS.get(kind, (None, None))
         record.summary = contract.read_json_object(
-            path, *versioned, record.note, REQUIRED_KEYS[kind]
+            path, *VERSIONS.get(kind, (None, None)), record.note, REQUIRED_KEYS[kind]
         )
     except InputError as err:
         record.note(f"{err}; its numbers are left out")
