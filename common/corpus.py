@@ -154,11 +154,9 @@ def iter_documents(
 
 
 def document_hash(text: str, key: str) -> int:
-    """64-bit BLAKE2b of the text's UTF-8 bytes keyed by `key`, as an unsigned integer.
-
-    A document's identity in a split: it depends on the text and the key alone, not on where
-    the document sits in the corpus, so a split is redone or matched from the texts.
-    """
+    """A document's identity in a split, the 64-bit BLAKE2b of its UTF-8 bytes keyed by `key`
+    (unsigned): it depends on the text and the key alone, not on where the document sits in the
+    corpus, so a split is redone or matched from the texts."""
     digest = hashlib.blake2b(text.encode(), digest_size=8, key=key.encode()).digest()
     return int.from_bytes(digest, "big")
 
@@ -362,11 +360,8 @@ def _choose_subset(candidates: list[PurePath], subset: str, where: str) -> PureP
 
 
 def _zip_source(path: Path, subset: str) -> TextSource:
-    """The subset's X.txt in a WoS zip, looking one zip level deeper for the wrapped download.
-
-    An inner zip is read into memory: a zip needs random access to its central directory, and
-    the real download is only 60 MB.
-    """
+    """The subset's X.txt in a WoS zip, looking one zip level deeper for the wrapped download,
+    read into memory (a zip needs random access to its central directory; the real one is 60 MB)."""
     with _damaged_zip_data_as_input_error(str(path)):
         outer = zipfile.ZipFile(path)
         inner_archives = (

@@ -112,11 +112,8 @@ def load_sample_digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def split_per_class(labels: np.ndarray, held_out_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (kept, held out), holding out the same share of every class.
-
-    Per class, because the sample is sorted by label: a first/last cut would leave whole
-    digits out of one side.
-    """
+    """Indices (kept, held out), holding out the same share of every class: the sample is
+    sorted by label, so a first/last cut would leave whole digits out of one side."""
     rng = np.random.default_rng(SPLIT_SEED)
     kept, held = [], []
     for digit in range(NUM_CLASSES):
@@ -257,11 +254,9 @@ def load_digit_splits(args: MnistArguments) -> DigitSplits:
 
 
 def distort_images(images: Tensor, generator: torch.Generator) -> Tensor:
-    """Rotate, scale and shift each normalised digit (N, 1, 28, 28) at random, in one batched op.
-
-    With 4,000 training digits this is worth about 1.5 points of test accuracy; LeCun et al.
-    trained on distortions like these for their best LeNet-5 result.
-    """
+    """Rotate, scale and shift each normalised digit (N, 1, 28, 28) at random, in one batched op:
+    with 4,000 training digits about 1.5 points of test accuracy (LeCun et al. trained on such
+    distortions for their best LeNet-5 result)."""
     num_digits = len(images)
 
     def uniform(*shape: int) -> Tensor:  # in [-1, 1)

@@ -39,11 +39,9 @@ class Evaluation:
 
 
 class DigitMetrics(nn.Module):
-    """Mean loss, accuracy and, when asked, the confusion matrix over a stream of batches.
-
-    The submodules are torchmetrics metrics, so Lightning can log `loss` and `accuracy`
-    directly (it computes and resets logged metrics at each epoch's end).
-    """
+    """Mean loss, accuracy and, when asked, the confusion matrix over a stream of batches, as
+    torchmetrics submodules: Lightning logs `loss` and `accuracy` directly (it computes and
+    resets logged metrics at each epoch's end)."""
 
     def __init__(self, with_confusion_matrix: bool = False) -> None:
         super().__init__()

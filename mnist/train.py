@@ -50,13 +50,9 @@ def train_one_epoch(
     max_batches: int = -1,
     progress: bool = PROGRESS_BARS,
 ) -> Evaluation:
-    """One pass over `batches` (at most `max_batches` when positive); mean loss and accuracy
-    of the epoch (no confusion matrix).
-
-    `generator` turns on random distortions; `on_step(loss, batch_accuracy, learning_rate)`
-    gets device tensors after every optimizer step, so that it alone decides when to sync.
-    `progress` shows a progress bar over the batches.
-    """
+    """One pass over `batches` (at most `max_batches` when positive): the epoch's mean loss and
+    accuracy. `generator` turns on random distortions; `on_step(loss, batch_accuracy,
+    learning_rate)` gets device tensors after every step, so that it alone decides when to sync."""
     model.train()
     metrics = DigitMetrics().to(device)
     for batch_index, (images, labels) in enumerate(

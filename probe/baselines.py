@@ -19,12 +19,9 @@ MAX_ITERATIONS = 1000
 def tfidf_logistic_regression(
     train_texts: list[str], train_labels: np.ndarray, test_texts: list[str]
 ) -> tuple[np.ndarray, float]:
-    """Predicted classes of `test_texts` and the training seconds.
-
-    Words and word pairs (most topic words of an abstract are terms of two words), seen in two
-    documents at least, with sublinear term frequency; an L2-regularised multinomial logistic
-    regression on them (lbfgs, deterministic).
-    """
+    """Predicted classes of `test_texts` and the training seconds: a logistic regression (lbfgs,
+    deterministic) on TF-IDF of words and word pairs (most topic words of an abstract are terms
+    of two words)."""
     classifier = make_pipeline(
         TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True),
         LogisticRegression(max_iter=MAX_ITERATIONS),

@@ -62,13 +62,9 @@ class WosLabelNames:
 
 
 def read_labelled_documents(args: CorpusArguments, label_files: Sequence[str]) -> LabelledDocuments:
-    """The documents of one `X.txt` with the labels of each of `label_files` beside it.
-
-    Texts are cleaned as `iter_documents` cleans them; an empty or repeated text is dropped
-    together with its labels. Raises InputError for more than one input, a .jsonl input, a
-    missing label file, a label that is not an integer, or a label file whose line count is
-    not the text's.
-    """
+    """The documents of one `X.txt` with the labels of each of `label_files` beside it, an
+    empty or repeated text dropped with its labels. Raises InputError for more than one input,
+    a .jsonl input, or a label file that is missing, not integers, or not line-aligned."""
     sources = resolve_sources(args)
     if len(sources) != 1 or sources[0].is_jsonl:
         listing = ", ".join(source.label for source in sources)

@@ -40,10 +40,7 @@ def train_bpe(
     show_progress: bool = True,
 ) -> Tokenizer:
     """Learn BPE merges from a stream of documents; memory grows with distinct words, not text.
-
-    The tokenizer has GPT-2's byte-level pre-tokenizer, decoder and post-processor.
-    `num_documents` only sizes the progress bar. The result is deterministic for a given stream.
-    """
+    `num_documents` only sizes the progress bar. The result is deterministic for a given stream."""
     tokenizer = Tokenizer(models.BPE())
     # add_prefix_space=False: GPT-2 does not insert a space before the first word.
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -79,11 +76,8 @@ def train_bpe(
 
 @contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
-    """Send file descriptor 1 to stderr for a while.
-
-    The tokenizers trainer draws its progress bars on stderr but prints a newline on stdout
-    after each stage, which would pollute a command whose stdout is its result.
-    """
+    """Send file descriptor 1 to stderr for a while: the tokenizers trainer draws its bars on
+    stderr but prints a newline on stdout after each stage, into a command's printed result."""
     sys.stdout.flush()
     saved_stdout = os.dup(1)
     try:

@@ -70,10 +70,8 @@ class TokenizerArguments:
 def train_tokenizer(
     corpus_args: CorpusArguments, tokenizer_args: TokenizerArguments, show_progress: bool = True
 ) -> dict[str, Any]:
-    """Train on the corpus and save the tokenizer folder; return what went into stats.json.
-
-    The folder appears only when everything succeeded (an existing one is refused up front).
-    """
+    """Train on the corpus and save the tokenizer folder, which appears only when everything
+    succeeded (an existing one is refused up front); return what went into stats.json."""
     with atomic_dir(tokenizer_args.output_dir, overwrite=tokenizer_args.overwrite) as folder:
         # A first pass checks every line before any training and sizes the progress bar.
         started = time.perf_counter()
