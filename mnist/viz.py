@@ -55,7 +55,7 @@ def select_probe_images(images: Tensor, labels: Tensor, device: torch.device) ->
 def feature_map_grid(inputs: Tensor, maps: Tensor) -> Tensor:
     """One row per digit (N, 1, 28, 28): the digit, then each channel's map of `maps`
     (N, C, H, W), each scaled to [0, 1]."""
-    num_digits, num_channels = maps.shape[:2]
+    num_channels = maps.shape[1]
     maps = F.interpolate(maps, size=FEATURE_MAP_SIZE, mode="nearest")  # (N, C, 28, 28)
     tiles = torch.cat([inputs, maps], dim=1).reshape(-1, 1, FEATURE_MAP_SIZE, FEATURE_MAP_SIZE)
     return make_grid(tiles, nrow=num_channels + 1, normalize=True, scale_each=True, pad_value=1)
@@ -63,10 +63,8 @@ def feature_map_grid(inputs: Tensor, maps: Tensor) -> Tensor:
 
 def filter_grid(weight: Tensor) -> Tensor:
     """One row per output channel, one tile per input channel: (out, in, k, k) -> image."""
-    out_channels, in_channels, size, _ = weight.shape
-    tiles = weight.reshape(out_channels * in_channels, 1, size, size)
-    tiles = F.interpolate(tiles, scale_factor=FILTER_ZOOM, mode="nearest")
-    return make_grid(tiles, nrow=in_channels, normalize=True, scale_each=True, pad_value=1)
+    tiles = F.interpolate(weight.flatten(0, 1)[:, None], scale_factor=FILTER_ZOOM, mode="nearest")
+    return make_grid(tiles, nrow=weight.shape[1], normalize=True, scale_each=True, pad_value=1)
 
 
 @torch.no_grad()

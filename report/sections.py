@@ -262,8 +262,7 @@ def unknown_section(runs: Sequence[RunRecord], out_dir: Path) -> list[str]:
     return [*lines, ""]
 
 
-# Each kind of run folder's section, in the order the report shows them: a new stage adds its
-# kind (report/run_folder.py) and its section, built from report/tables.py and figures.py.
+# Each kind of run folder's section (its kind: report/run_folder.py), in the report's order.
 SECTIONS = {
     GPT_KIND: gpt_section,
     MNIST_KIND: mnist_section,
