@@ -31,8 +31,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ProbeTask:
-    """The documents as token ids, their classes and the split: what every classifier of one
-    probe is trained and tested on."""
+    """What every classifier of one probe trains and tests on: token ids, classes, the split."""
 
     encoded: list[np.ndarray]
     labels: np.ndarray

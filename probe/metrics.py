@@ -35,8 +35,7 @@ def score_predictions(
 
 
 def chance_levels(train_labels: np.ndarray, test_labels: np.ndarray, num_classes: int) -> dict:
-    """What a classifier that ignores the text scores: always the most frequent training class,
-    or a uniform guess."""
+    """What ignoring the text scores: always the most frequent training class, or a uniform pick."""
     majority = np.bincount(train_labels, minlength=num_classes).argmax()
     return {
         "majority_class": int(majority),

@@ -91,8 +91,7 @@ def load_model_config(model_dir: Path) -> GPT2Config:
 
 
 def load_transformer(model_dir: Path) -> GPT2Model:
-    """The transformer (no language-model head) saved in `model_dir`; raises InputError when
-    any of its weights is missing."""
+    """The transformer (no LM head) saved in `model_dir`; InputError when a weight is missing."""
     load_model_config(model_dir)
     damage = sealed_folder_damage(model_dir)
     if damage is not None:

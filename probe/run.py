@@ -273,8 +273,7 @@ def run_probe(command: ProbeCommand) -> dict[str, Any]:
 
 
 def format_results(results: dict[str, Any]) -> str:
-    """The results as a few lines of text: one per method, the chance levels, the verdict and
-    the probe curve."""
+    """The results as text: a line per method, the chance levels, the verdict, the probe curve."""
     lines = [
         f"{results['label_level']}: {len(results['class_names'])} classes, "
         f"{results['num_train']} training / {results['num_test']} test documents",

@@ -221,8 +221,7 @@ def read_lock(record: RunRecord) -> str | None:
 
 
 def find_event_dirs(path: Path) -> list[Path]:
-    """Folders under `path` that hold TensorBoard event files (a logger may nest them), as
-    TensorBoard finds its runs."""
+    """Folders under `path` with event files (a logger may nest them), as TensorBoard finds runs."""
     return sorted(map(Path, io_wrapper.GetLogdirSubdirectories(str(path))))
 
 

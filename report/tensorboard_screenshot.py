@@ -71,8 +71,7 @@ def logdir_arguments(runs: dict[str, Path]) -> list[str]:
 
 
 def screenshot_tensorboard(runs: dict[str, Path], png_path: Path, chromium: str) -> None:
-    """Photograph the scalars page of TensorBoard serving `runs` (name -> run folder) with the
-    `chromium` executable (`find_chromium`)."""
+    """Photograph the scalars page of TensorBoard serving `runs` (name -> folder) in `chromium`."""
     servers: list[program.WerkzeugServer] = []  # launch() returns only the URL
 
     def make_server(app, flags) -> program.WerkzeugServer:
