@@ -401,7 +401,6 @@ def comparison_table(rows: list[ComparisonRow]) -> list[str]:
 def draw_comparison(rows: list[ComparisonRow], path: Path) -> None:
     """Bars per strategy: parameters and optimizer state (stacked), peak memory, tokens/s, each
     for the process that holds or takes the most. A failed strategy keeps its place, empty."""
-    names = [row.strategy for row in rows]
     positions = range(len(rows))
     mib = 2**20
 
@@ -423,7 +422,7 @@ def draw_comparison(rows: list[ComparisonRow], path: Path) -> None:
     axes[2].bar(positions, values("tokens_per_second"), color="tab:green")
     axes[2].set(title="training speed (first step left out)", ylabel="tokens/s")
     for axis in axes:
-        axis.set_xticks(list(positions), names, rotation=40, ha="right")
+        axis.set_xticks(list(positions), [row.strategy for row in rows], rotation=40, ha="right")
         for position, row in zip(positions, rows, strict=True):
             if not row.succeeded:
                 axis.text(position, 0, "failed", rotation=90, ha="center", va="bottom")

@@ -67,8 +67,7 @@ class Row:
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def summary_table(runs: Sequence[RunRecord], rows: Sequence[Row]) -> list[str]:
