@@ -111,10 +111,7 @@ def error_line(log_text: str) -> str:
     """Why a variant failed, in one line: our `error:` line, else the last exception that is
     not the launcher's, else the log's last line."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("error:"):
-            return line
-    for line in reversed(lines):
-        if EXCEPTION_LINE.match(line) and not line.startswith(LAUNCHER_FAILURES):
-            return line
-    return lines[-1] if lines else "no output"
+    ours = [line for line in lines if line.startswith("error:")]
+    raised = [line for line in lines if EXCEPTION_LINE.match(line)]
+    raised = [line for line in raised if not line.startswith(LAUNCHER_FAILURES)]
+    return (ours or raised or lines or ["no output"])[-1]
