@@ -80,15 +80,13 @@ def load_probe_documents(
         )
     index = {label: position for position, label in enumerate(classes)}
     names = read_wos_label_names(corpus_args, label_names_file)
-    if names is None:
-        class_names = ["/".join(map(str, label)) for label in classes]
-    else:
+    by_label: dict[tuple[int, ...], str] = {}  # a class's name where Data.xlsx gives one
+    if names is not None:
         table = {"domain": names.domains, "area": names.areas, "combined": names.labels}
         by_label = {
             (key if isinstance(key, tuple) else (key,)): name
             for key, name in table[label_level].items()
         }
-        class_names = [by_label.get(label, "/".join(map(str, label))) for label in classes]
         unnamed = [label for label in classes if label not in by_label]
         if unnamed:
             logger.warning(
@@ -102,7 +100,7 @@ def load_probe_documents(
     return ProbeDocuments(
         texts=documents.texts,
         labels=np.array([index[label] for label in raw_labels], dtype=np.int64),
-        class_names=class_names,
+        class_names=[by_label.get(label, "/".join(map(str, label))) for label in classes],
         label_names_source=None if names is None else names.source,
         source=source,
     )

@@ -83,13 +83,12 @@ def describe_overlap(overlap: PretrainingOverlap, is_test: np.ndarray) -> dict[s
     num_validation_in_test = int((overlap.in_validation & is_test).sum())
     num_test_seen = int((overlap.in_training & is_test).sum())
     num_train_seen = int((overlap.in_training & ~is_test).sum())
-    if num_validation:
-        validation_sentence = (
-            f"{num_validation_in_test} of the {num_validation} probe documents that pretraining "
-            "held out for validation are in the test split."
-        )
-    else:
-        validation_sentence = "No probe document was pretraining validation text."
+    validation_sentence = (
+        f"{num_validation_in_test} of the {num_validation} probe documents that pretraining "
+        "held out for validation are in the test split."
+        if num_validation
+        else "No probe document was pretraining validation text."
+    )
     return {
         "status": REPRODUCED,
         "reason": overlap.reason,
