@@ -24,14 +24,10 @@ class MnistArguments:
         help="Folder with the four MNIST IDX files (plain or .gz): directly inside, or in "
         "torchvision's <data_dir>/MNIST/raw/.",
     )
-    train_images: str | None = HfArg(
-        default=None, help="Explicit path of the training images IDX file."
-    )
-    train_labels: str | None = HfArg(
-        default=None, help="Explicit path of the training labels IDX file."
-    )
-    test_images: str | None = HfArg(default=None, help="Explicit path of the test images IDX file.")
-    test_labels: str | None = HfArg(default=None, help="Explicit path of the test labels IDX file.")
+    train_images: str | None = HfArg(default=None, help="Path of the training images IDX file.")
+    train_labels: str | None = HfArg(default=None, help="Path of the training labels IDX file.")
+    test_images: str | None = HfArg(default=None, help="Path of the test images IDX file.")
+    test_labels: str | None = HfArg(default=None, help="Path of the test labels IDX file.")
     download: bool = HfArg(
         default=False,
         help="When the IDX files are missing from --data_dir, fetch them with "
