@@ -30,8 +30,6 @@ optimizer-state bytes and the peak memory of the process that holds the most, th
 strategy that fails is a row with its error, and the command then exits with 1.
 """
 
-from __future__ import annotations
-
 import logging
 import math
 import shlex

@@ -19,8 +19,6 @@ starts with the same flags is read back. The table also goes to `<output_dir>/ta
         --recipes tiny nanogpt_small -- --corpus runs/bench/corpus/docstrings.txt
 """
 
-from __future__ import annotations
-
 import functools
 import json
 import logging

@@ -9,8 +9,6 @@ de-duplicated, in a fixed order (sorted files).
     python -m bench.docstring_corpus --output_dir runs/bench/corpus --max_megabytes 60
 """
 
-from __future__ import annotations
-
 import logging
 import re
 import site

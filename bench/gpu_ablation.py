@@ -17,8 +17,6 @@ time budget); --scale cpu_117m: the 117M shape on CPU, eager, 8 steps of one 128
 (what checkpoints of the real model cost).
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import logging

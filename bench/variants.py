@@ -4,8 +4,6 @@ run_summary.json it wrote, or say in one line why there is none. With `read_back
 variant whose log starts with the same flags is read back instead of trained again.
 """
 
-from __future__ import annotations
-
 import os
 import re
 import shlex

@@ -17,8 +17,6 @@ naming the file and line unless `replace_invalid_utf8` is set.
 Web of Science labels that way (probe/labels.py).
 """
 
-from __future__ import annotations
-
 import errno
 import glob
 import hashlib
@@ -95,7 +93,7 @@ class TextSource:
     label: str
     is_jsonl: bool
     open_binary: Callable[[], AbstractContextManager[IO[bytes]]]
-    locate: Callable[[str], TextSource | None]
+    locate: Callable[[str], "TextSource | None"]
     num_bytes: int  # as stored, uncompressed: an upper bound of the text's
     in_zip: bool = False  # zip data is checked (CRC) only once read to its end
 

@@ -9,8 +9,6 @@ are prefixes of the largest one.
     write-demo-corpus --output_dir runs/demo/corpus
 """
 
-from __future__ import annotations
-
 import logging
 import re
 from dataclasses import dataclass

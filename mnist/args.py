@@ -1,8 +1,6 @@
 """The options both MNIST trainers share, so that `mnist.train` and `mnist.train_lightning`
 accept the same flags and config files."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Literal
 

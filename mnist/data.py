@@ -10,8 +10,6 @@ Batching: `MnistDataset` + `DataLoader` converts one digit at a time (the textbo
 index ranges out of it, with no per-sample Python work.
 """
 
-from __future__ import annotations
-
 import importlib.util
 import logging
 import math

@@ -1,8 +1,6 @@
 """What a training run needs whichever trainer runs it: device, optimizer and schedule, the
 run folder's contents (metrics.json, model.pt)."""
 
-from __future__ import annotations
-
 import dataclasses
 import logging
 import os

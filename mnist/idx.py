@@ -6,8 +6,6 @@ labels 2049 (N). Files may be gzip-compressed; we tell by the first two bytes (1
 the file name, because renamed and half-unpacked downloads are common.
 """
 
-from __future__ import annotations
-
 import gzip
 import struct
 import zlib

@@ -4,8 +4,6 @@ The plain loop and the Lightning module each keep one `DigitMetrics` per stage a
 every batch, so metrics.json means the same thing whichever trainer wrote it.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch.nn.functional as F

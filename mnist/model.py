@@ -7,8 +7,6 @@ coefficients, C3 connected to all six S2 maps instead of the paper's partial tab
 linear output layer with cross-entropy instead of the Euclidean RBF units.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor, nn
 

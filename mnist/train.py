@@ -6,8 +6,6 @@
 Writes <output_dir>/metrics.json, model.pt and TensorBoard logs (tensorboard/).
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path

@@ -10,8 +10,6 @@ Writes <output_dir>/metrics.json, model.pt and TensorBoard logs (tensorboard/), 
 trainer.
 """
 
-from __future__ import annotations
-
 import logging
 import time
 import warnings

@@ -6,8 +6,6 @@ through the functions here, given the `SummaryWriter` (Lightning's
 `TensorBoardLogger.experiment`).
 """
 
-from __future__ import annotations
-
 import logging
 import warnings
 

@@ -3,8 +3,6 @@ stops a run (a signal's stop is pretrain/stops.py's). A checkpoint is complete w
 written last, is there and every file still matches it: a save cut short never looks complete.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import math

@@ -3,8 +3,6 @@ tokenizer, the model's shape, the packed blocks (built by the main process first
 one pass over them, the checkpoint to resume from; then the model as built (`RunSetup`).
 """
 
-from __future__ import annotations
-
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field

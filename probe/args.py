@@ -1,8 +1,6 @@
 """Options of the classification probe: what to probe and on which labels, and the fine-tuning
 budget (transformers' `TrainingArguments`, with the probe's own defaults)."""
 
-from __future__ import annotations
-
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NamedTuple

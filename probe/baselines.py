@@ -2,8 +2,6 @@
 features of the words (the baseline without a network) and on a network's frozen features
 (the linear probe: what the representation tells apart as it is)."""
 
-from __future__ import annotations
-
 import time
 
 import numpy as np

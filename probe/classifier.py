@@ -13,8 +13,6 @@ size would rewrite the random network faster than the pretrained one, and a shor
 measure that speed, not what pretraining taught (docs/PROBE.md has the measurements).
 """
 
-from __future__ import annotations
-
 import tempfile
 import time
 from typing import Any

@@ -18,8 +18,6 @@ Rules, in the order they are applied:
    `max_length - 1` tokens and its end-of-text, whose position the classifier reads.
 """
 
-from __future__ import annotations
-
 import logging
 from dataclasses import dataclass
 

@@ -9,8 +9,6 @@ a full stop or an end-of-text. The mean of the states over the document's tokens
 every position knows about the text; docs/PROBE.md has the measurements behind the default.
 """
 
-from __future__ import annotations
-
 from typing import Literal, get_args
 
 import numpy as np

@@ -6,8 +6,6 @@ names of the classes from `Meta-data/Data.xlsx` when it is there (`read_wos_labe
 Texts are cleaned as the shared corpus reader cleans them (common/corpus.py).
 """
 
-from __future__ import annotations
-
 import io
 import logging
 from collections import Counter, defaultdict

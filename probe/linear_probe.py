@@ -8,8 +8,6 @@ repeats it for the weights the run started from (step 0), each `checkpoint-<step
 folder still holds and the final model, against the tokens pretraining had read by then.
 """
 
-from __future__ import annotations
-
 import logging
 import time
 from dataclasses import dataclass

@@ -1,7 +1,5 @@
 """Scores of a classifier on the test split (scikit-learn's metrics) and the chance levels."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np

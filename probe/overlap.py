@@ -11,8 +11,6 @@ label, but the pretrained network may model these texts better than unseen ones;
 the test documents pretraining did not train on is reported beside the overall figure.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 from dataclasses import dataclass

@@ -8,8 +8,6 @@ from random weights with the run's seed, as pretraining builds it (transformers'
 weights that pretraining then trained.
 """
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass
 from pathlib import Path

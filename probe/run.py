@@ -14,8 +14,6 @@ curve, the split and its overlap with the pretraining split (probe/overlap.py) g
 RUN_DIR/probe/<label_level>.json, written last.
 """
 
-from __future__ import annotations
-
 import logging
 import time
 from pathlib import Path

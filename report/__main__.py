@@ -1,7 +1,5 @@
 """Command line of the run report: `run-report RUN_DIR [RUN_DIR ...] --out DIR`."""
 
-from __future__ import annotations
-
 import logging
 from dataclasses import dataclass
 

@@ -2,8 +2,6 @@
 (each kind's section: report/sections.py); runs of the same kind are overlaid in one set of
 figures (legend = run folder)."""
 
-from __future__ import annotations
-
 import logging
 from collections.abc import Sequence
 from pathlib import Path

@@ -1,8 +1,6 @@
 """Figures of curves from the runs' TensorBoard scalars: which tags each figure draws, and the
 Markdown that shows a figure with its caption."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from pathlib import Path
 

@@ -6,8 +6,6 @@ writes nothing when the runs hold none of the data it draws; a panel no run has 
 left out of its figure rather than drawn empty.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

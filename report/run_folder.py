@@ -4,8 +4,6 @@ comparison's folder. A run may be unfinished or from an older version: `load_run
 what is missing in `RunRecord.notes` and returns whatever is there.
 """
 
-from __future__ import annotations
-
 import fcntl
 import functools
 import io

@@ -2,8 +2,6 @@
 parallelism comparison, unrecognised) and the notes; each returns its Markdown lines. A new
 stage adds its section to `SECTIONS`, built from the table and figure code."""
 
-from __future__ import annotations
-
 import shutil
 from collections.abc import Sequence
 from pathlib import Path

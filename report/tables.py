@@ -1,8 +1,6 @@
 """Markdown tables of run summaries: numbers formatted for reading, one column per run, the
 settings that differ between runs. Knows nothing of any stage; a section picks the rows."""
 
-from __future__ import annotations
-
 import json
 import math
 from collections import Counter

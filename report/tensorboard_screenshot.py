@@ -6,8 +6,6 @@ the OS picks, having read the event files before it answers; its scalars plugin 
 shut down again whatever happens.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import logging

@@ -13,8 +13,6 @@ installed). `zip_folder` zips a layout as the download is zipped;
     python tests/labelled_wos.py --output_dir runs/probe_corpus --documents_per_area 400
 """
 
-from __future__ import annotations
-
 import hashlib
 import importlib.metadata
 import importlib.util

@@ -2,8 +2,6 @@
 pretrain/run_model_parallel.py under launch-pretraining, and the one-process reference they
 must equal: pretrain/run.py itself."""
 
-from __future__ import annotations
-
 import subprocess
 import sys
 from pathlib import Path

@@ -1,7 +1,5 @@
 """Helpers for the pretraining tests: tiny runs of pretrain/run.py, in-process or as children."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -2,8 +2,6 @@
 one-process run they must equal (made once per test session, shared by the FSDP and DeepSpeed
 tests)."""
 
-from __future__ import annotations
-
 import json
 import shutil
 import subprocess

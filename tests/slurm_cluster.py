@@ -4,8 +4,6 @@ The cluster's config reaches every Slurm command through `SLURM_CONF` in `LocalC
 through this process's environment, so other tests are untouched.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import shutil

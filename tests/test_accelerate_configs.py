@@ -1,8 +1,6 @@
 """Every accelerate config loads with accelerate's own reader, is coherent, and picks the launcher
 its name says; the configs the docs and compare-parallelism name are exactly those shipped."""
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 

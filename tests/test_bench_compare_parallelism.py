@@ -3,8 +3,6 @@ its one-process reference, the sharded strategies hold less per process than DDP
 JSON and figure come out, and the run report shows them; a strategy that fails is a row with its
 error."""
 
-from __future__ import annotations
-
 import json
 
 import numpy as np

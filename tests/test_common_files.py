@@ -1,8 +1,6 @@
 """Outputs that are whole or absent, checksums that find damage, locks that die with their
 process, strict JSON."""
 
-from __future__ import annotations
-
 import json
 import math
 import re

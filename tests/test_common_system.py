@@ -1,7 +1,5 @@
 """The node a run finds: torch's threads and its extensions folder."""
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys

@@ -1,8 +1,6 @@
 """The README stays a front door (short), and every relative link in it and in docs/*.md leads
 to a file that exists and, with a #anchor, to a heading that exists there (GitHub's rule)."""
 
-from __future__ import annotations
-
 import contextlib
 import importlib
 import importlib.metadata

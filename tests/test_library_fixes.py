@@ -1,8 +1,6 @@
 """Each library fix is still needed, does what it says, and stays off library versions it was not
 written for. A `still_needed` test that fails means upstream fixed the library: remove the fix."""
 
-from __future__ import annotations
-
 import functools
 import logging
 import subprocess

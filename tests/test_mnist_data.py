@@ -1,8 +1,6 @@
 """MNIST inputs: the IDX reader on files written byte by byte, every bad-input case through the
 trainer's main(), the file layouts users have, the embedded sample and both batchers."""
 
-from __future__ import annotations
-
 import gzip
 import struct
 from pathlib import Path

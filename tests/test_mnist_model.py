@@ -1,7 +1,5 @@
 """LeNet-5: the paper's layer shapes, the classic parameter count, the activations we visualise."""
 
-from __future__ import annotations
-
 import torch
 import torch.nn.functional as F
 

@@ -3,8 +3,6 @@ down, metrics.json loads back, and TensorBoard holds the same scalars, images, h
 graph and projector embedding for both. Also: the metrics both compute, training and test sets
 that lack some digits, and both trainers' logs free of library lines that tell the user nothing."""
 
-from __future__ import annotations
-
 import json
 import logging
 import os

@@ -6,8 +6,6 @@ is read; `make notebook` writes them (the run below, with UPDATE_NOTEBOOK=1). It
 a hash of the code cells the outputs came from: a code cell edited since fails here.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os

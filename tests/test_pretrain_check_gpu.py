@@ -2,8 +2,6 @@
 and its one line where no GPU is usable. No GPU is here: the GPUs are a stand-in for the three
 torch.cuda functions check-gpu reads them with (init, device_count, get_device_properties)."""
 
-from __future__ import annotations
-
 import math
 import re
 from types import SimpleNamespace

@@ -1,8 +1,6 @@
 """Two CPU processes (gloo DDP), started by the README's command, train like one process with the
 same global batch, and really in sync."""
 
-from __future__ import annotations
-
 import re
 import subprocess
 import sys

@@ -2,8 +2,6 @@
 (the shipped cpu_deepspeed_zero*.yaml): really DeepSpeed, sharding what each stage shards, and
 training like one process with the same global batch."""
 
-from __future__ import annotations
-
 import pytest
 from pretrain_runs import read_summary, shared_data_paths
 from sharded_runs import (

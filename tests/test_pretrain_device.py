@@ -3,8 +3,6 @@ one line before it reads anything. Where CUDA must fail whatever the machine, th
 GPUs (CUDA_VISIBLE_DEVICES=""); torch's own failures are raised by a stand-in for
 `torch.cuda.init`, the one CUDA call the diagnosis makes."""
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys

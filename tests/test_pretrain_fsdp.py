@@ -2,8 +2,6 @@
 cpu_fsdp.yaml): really FSDP, each process holds half of the weights and of the Adam state, and it
 trains like one process with the same global batch. FSDP1 is refused on CPU processes."""
 
-from __future__ import annotations
-
 import re
 
 import pytest

@@ -3,8 +3,6 @@
 out-of-memory killer), a save slower than the grace period, bad input. Each drives the real
 command (the README's and the sbatch scripts') with the real fault."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import re

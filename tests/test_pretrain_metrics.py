@@ -1,8 +1,6 @@
 """Metrics: the peak FLOP/s table, the no-op GPU readings without a GPU, and what a process
 holds (parameters once each, AdamW's state, master copies, the peak)."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 from torch import nn

@@ -1,8 +1,6 @@
 """Model presets: shapes, vocabulary from the tokenizer, FLOPs per token, the loss Trainer reports,
 the 117M preset on CPU."""
 
-from __future__ import annotations
-
 import logging
 
 import pytest

@@ -4,8 +4,6 @@ parallelism through torchrun. Each ends within MUON_TOLERANCE of one process aft
 steps, with Newton-Schulz run on every hidden matrix; FSDP2 and ZeRO-2 killed (SIGKILL) after a
 checkpoint resume to where their uninterrupted runs end."""
 
-from __future__ import annotations
-
 import contextlib
 import subprocess
 import time

@@ -1,7 +1,5 @@
 """Muon for the hidden matrices, AdamW for the rest, as one optimizer (pretrain/optim.py)."""
 
-from __future__ import annotations
-
 import copy
 import json
 import math

@@ -1,8 +1,6 @@
 """Pipeline parallelism: two CPU processes, one stage each, train the tiny GPT-2 like one with
 either schedule, and the two copies of the tied embedding stay equal."""
 
-from __future__ import annotations
-
 import pytest
 from parallel_runs import (
     BATCH_BLOCKS,

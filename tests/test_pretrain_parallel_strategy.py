@@ -2,8 +2,6 @@
 one-line refusals when the device or accelerate cannot give it. The runs under `accelerate
 launch` (test_pretrain_fsdp.py, test_pretrain_deepspeed.py) check the same on real processes."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 from accelerate.utils import DeepSpeedPlugin

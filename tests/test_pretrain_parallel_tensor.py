@@ -1,8 +1,6 @@
 """Tensor parallelism: two CPU processes train the tiny GPT-2 like one, each holding half of
 every split matrix."""
 
-from __future__ import annotations
-
 import re
 
 import pytest

@@ -1,8 +1,6 @@
 """Precision is decided once: the accelerate launcher, else our flags, else the hardware. The
 CPU processes' rules hold on every machine; a GPU machine also checks its own choice."""
 
-from __future__ import annotations
-
 import pytest
 import torch
 from transformers import TrainingArguments

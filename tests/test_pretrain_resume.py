@@ -1,7 +1,5 @@
 """Checkpoints: which one a run resumes from, a save on SIGUSR1, and resuming after SIGKILL."""
 
-from __future__ import annotations
-
 import json
 import logging
 import re

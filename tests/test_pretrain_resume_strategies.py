@@ -3,8 +3,6 @@ FSDP2's by FSDP2 on 1 process): its weights, Muon's momentum, AdamW's moments an
 carried over in a converted copy, ending where the uninterrupted run ends. ZeRO's are refused
 (tests/test_pretrain_resume.py)."""
 
-from __future__ import annotations
-
 import shutil
 import subprocess
 

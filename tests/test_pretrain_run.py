@@ -1,8 +1,6 @@
 """pretrain/run.py end to end on a tiny model: learning, run folder, TensorBoard, sampling, configs,
 and the one-line errors for bad input."""
 
-from __future__ import annotations
-
 import json
 import logging
 import math

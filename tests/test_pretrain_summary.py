@@ -1,7 +1,5 @@
 """run_summary.json: every key from the two plain records, and the judgements derived from them."""
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import math

@@ -3,8 +3,6 @@ learn on the same split, the pretraining split is respected, bad input is one li
 docstrings of four fields with a run pretrained well below its unigram entropy, pretraining
 shows by fine-tuning and by the linear probe, over a curve of its checkpoints, in the report."""
 
-from __future__ import annotations
-
 import json
 import re
 import shutil

@@ -1,8 +1,6 @@
 """The run report (run-report) on real tiny runs of both stages, and on damaged run
 folders."""
 
-from __future__ import annotations
-
 import ast
 import json
 import math

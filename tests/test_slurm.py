@@ -5,8 +5,6 @@ the course cluster's partitions: debug (5 min) and normal (20 min). Where Slurm 
 installed, every test here is skipped with the reason.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -7,8 +7,6 @@ The output folder loads with `AutoTokenizer.from_pretrained(output_dir)` (offlin
 held-out documents (every `heldout_every`-th document is left out of training).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import logging
 import time
