@@ -7,3 +7,19 @@ document tokenization for block preparation and the probe (`tokenization`), the 
 and the run-folder contract its writers and the report import (`run_contract`). Code that one
 stage alone uses lives in that stage's folder.
 """
+
+import os
+import sys
+
+
+def _interrupted_while_starting(kind, value, traceback, python_hook=sys.excepthook) -> None:
+    """Ctrl-C before a command's own handler runs (its imports take seconds): one line and exit
+    130, where Python prints the import machinery's traceback. Every package imports this one."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return python_hook(kind, value, traceback)
+    sys.stderr.write("error: interrupted (SIGINT) while starting; nothing was written\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+sys.excepthook = _interrupted_while_starting

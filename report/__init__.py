@@ -7,3 +7,5 @@ holds each kind of run's section, built from `tables` and `figures` (which tags 
 figure draws; `plots` draws them); `build` writes report.md; `tensorboard_screenshot`
 photographs TensorBoard's scalars page. The report imports no training code, nor torch.
 """
+
+import common  # noqa: F401 (first: Ctrl-C while the libraries import is one line)

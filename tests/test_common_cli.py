@@ -624,3 +624,14 @@ def test_atomic_dir_refuses_existing_unless_overwrite(tmp_path):
     with atomic_dir(target, overwrite=True) as tmp:
         write_json_atomic(tmp / "a.json", {"ok": True})
     assert (target / "a.json").read_text().startswith("{")
+
+
+@pytest.mark.parametrize("package", ["mnist", "tokenizer", "pretrain", "report", "probe", "bench"])
+def test_ctrl_c_while_a_command_still_imports_is_one_line_and_exit_130(package):
+    """Every package's first import sets the hook, before torch and the others import."""
+    interrupted = f"import {package}; raise KeyboardInterrupt"  # as Ctrl-C raises it mid-import
+    result = subprocess.run(
+        [sys.executable, "-c", interrupted], capture_output=True, text=True, env=subprocess_env()
+    )
+    assert result.returncode == 130
+    assert result.stderr == "error: interrupted (SIGINT) while starting; nothing was written\n"
