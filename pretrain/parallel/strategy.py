@@ -52,24 +52,24 @@ def requested_strategy(training_args: TrainingArguments) -> Request:
     if _flag("ACCELERATE_USE_DEEPSPEED") or training_args.deepspeed:
         return Request(DistributedType.DEEPSPEED.name)
     fsdp_options = training_args.fsdp_plugin_args
+    if fsdp_options is None and _flag("ACCELERATE_USE_FSDP"):
+        # accelerate's own defaults when the config leaves them out
+        fsdp_options = {
+            "fsdp_version": os.environ.get("FSDP_VERSION", "1"),
+            "cpu_offload": _flag("FSDP_OFFLOAD_PARAMS"),
+        }
     if fsdp_options is not None:
         return Request(
             DistributedType.FSDP.name,
             fsdp_version=int(fsdp_options.get("fsdp_version", 1)),
             fsdp_offload_params=bool(fsdp_options.get("cpu_offload", False)),
         )
-    if _flag("ACCELERATE_USE_FSDP"):
-        # accelerate's own defaults when the config leaves them out
-        return Request(
-            DistributedType.FSDP.name,
-            fsdp_version=int(os.environ.get("FSDP_VERSION", "1")),
-            fsdp_offload_params=_flag("FSDP_OFFLOAD_PARAMS"),
-        )
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     return Request(DATA_PARALLEL if world_size > 1 else SINGLE_PROCESS)
 
 
 def _flag(name: str) -> bool:
+    """A launch variable as AcceleratorState reads it (not `parse_flag_from_env`): only "true"."""
     return os.environ.get(name, "false").lower() == "true"
 
 
