@@ -61,9 +61,7 @@ def entry_point(main: Callable[[list[str] | None], int | None]) -> Callable[...,
             sys.stderr.write("error: " + " ".join(str(err).split()) + "\n")
             sys.stderr.flush()
             return EXIT_BAD_INPUT if isinstance(err, InputError) else EXIT_RUN_FAILED
-        except (
-            KeyboardInterrupt
-        ):  # Ctrl-C where no stop handler runs: what was half-written is gone
+        except KeyboardInterrupt:  # Ctrl-C with no stop handler: what was half-written is gone
             sys.stderr.write("error: interrupted (SIGINT); nothing unfinished was kept\n")
             return EXIT_INTERRUPTED
 

@@ -228,7 +228,6 @@ class GpuReadings:
         self.device = device if device.type == "cuda" else None
 
     def read(self) -> dict[str, float]:
-        """Current utilisation (%), memory in use on the device (GiB) and power draw (W)."""
         if self.device is None:
             return {}
         try:
@@ -279,14 +278,10 @@ def rank_footprint(
     }
 
 
-def tensor_bytes(tensor: torch.Tensor) -> int:
-    return local_tensor(tensor).nbytes
-
-
 def parameter_bytes(parameters: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct parameters (a tied weight once), local parts only."""
     distinct = {id(parameter): parameter for parameter in parameters}
-    return sum(tensor_bytes(parameter) for parameter in distinct.values())
+    return sum(local_tensor(parameter).nbytes for parameter in distinct.values())
 
 
 def optimizer_state_bytes(optimizer: Any, model: nn.Module) -> int:
@@ -299,7 +294,9 @@ def optimizer_state_bytes(optimizer: Any, model: nn.Module) -> int:
     state = [v for per_parameter in optimizer.state.values() for v in per_parameter.values()]
     ours = {id(parameter) for parameter in model.parameters()}
     copies = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in ours]
-    return sum(tensor_bytes(v) for v in state if torch.is_tensor(v)) + parameter_bytes(copies)
+    return sum(local_tensor(v).nbytes for v in state if torch.is_tensor(v)) + parameter_bytes(
+        copies
+    )
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
@@ -403,8 +400,7 @@ class LoopClock:
         if step <= self._window_step:
             return {}
         now = time.perf_counter()
-        schedule = self.schedule
-        tokens = schedule.tokens_between(self._window_step, step)
+        tokens = self.schedule.tokens_between(self._window_step, step)
         speed = tokens_per_second(Span.WINDOW, tokens, now - self._window_start)
         self._window_start, self._window_step = now, step
         scalars = {TOKENS_PER_SECOND: speed, **self.gpu.read()}
@@ -413,7 +409,7 @@ class LoopClock:
         )
         if mfu is not None:
             scalars[MFU] = mfu
-        if not self.snapshot_taken and step >= schedule.max_steps // 2:
+        if not self.snapshot_taken and step >= self.schedule.max_steps // 2:
             self.snapshot_taken = True
             write_nvidia_smi_snapshot(self.snapshot_path)
         return scalars
@@ -431,8 +427,7 @@ class LoopClock:
         if MFU in scalars:
             parts.append(f"mfu {scalars[MFU]:.0%}")
         elapsed = time.perf_counter() - (self.loop_start or time.perf_counter())
-        done = step - self.start_step
-        parts.append(elapsed_and_left(elapsed, done, max_steps - self.start_step))
+        parts.append(elapsed_and_left(elapsed, step - self.start_step, max_steps - self.start_step))
         return ", ".join(parts)
 
     def stop(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
