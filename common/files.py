@@ -31,10 +31,8 @@ HASH_CHUNK_BYTES = 8 << 20
 
 @contextmanager
 def atomic_dir(final_dir: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside `final_dir`; rename it into place only on success.
-
-    An existing `final_dir` is refused unless `overwrite` is set, before any work starts.
-    """
+    """Yield a temporary folder beside `final_dir`; rename it into place only on success. An
+    existing `final_dir` is refused unless `overwrite` is set, before any work starts."""
     final_dir = Path(final_dir)
     if final_dir.exists() and not overwrite:
         raise InputError(
@@ -66,10 +64,8 @@ def replace_dir(new_dir: Path, target: Path) -> None:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to a temporary file in the same folder, then rename it over `path`.
-
-    Strict JSON, which every parser reads: a NaN or an infinity is written as null.
-    """
+    """Write JSON to a temporary file in the same folder, then rename it over `path`; strict
+    JSON, which every parser reads: a NaN or an infinity is written as null."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -178,11 +174,15 @@ def read_manifest(
     return manifest
 
 
-def sealed_folder_damage(folder: Path, name: str = CHECKPOINT_MANIFEST_FILE) -> str | None:
+def sealed_folder_damage(
+    folder: Path,
+    name: str = CHECKPOINT_MANIFEST_FILE,
+    key_types: dict[str, type | tuple[type, ...]] = MANIFEST_KEY_TYPES,
+) -> str | None:
     """Why a folder sealed by its manifest `name` is not whole: its manifest unreadable, a file
     missing, resized or changed. None when it is whole, or has no manifest (written before
     manifests existed)."""
-    manifest = read_manifest(folder, name)
+    manifest = read_manifest(folder, name, key_types)
     if manifest is None:
         return f"its {name} is unreadable" if (folder / name).exists() else None
     return damage_in(folder, manifest["files"])

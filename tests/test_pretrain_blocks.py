@@ -23,9 +23,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from common.cli import InputError, parse_args
 from common.corpus import CorpusArguments, document_hashes, iter_documents
+from common.files import sealed_folder_damage
 from common.tokenization import PIECE_CHARS, tokenize_documents, tokenize_stream
 from pretrain.blocks.args import DataArguments
-from pretrain.blocks.cache import cache_damage, load_blocks, prepare_blocks, read_stats
+from pretrain.blocks.cache import STATS_KEY_TYPES, load_blocks, prepare_blocks, read_stats
 from pretrain.blocks.packing import (
     STATS_FILE,
     choose_validation_documents,
@@ -702,7 +703,9 @@ def test_a_full_disk_while_packing_is_one_line_exit_3_and_nothing_kept(
 )
 def test_a_block_cache_whose_stats_have_the_wrong_shape_is_damaged(tmp_path, text):
     (tmp_path / STATS_FILE).write_text(text)
-    assert cache_damage(tmp_path) == f"{STATS_FILE} is unreadable"
+    assert sealed_folder_damage(tmp_path, STATS_FILE, STATS_KEY_TYPES) == (
+        f"its {STATS_FILE} is unreadable"
+    )
 
 
 def test_a_tokenizer_folder_with_its_own_code_never_runs_it(

@@ -28,7 +28,7 @@ import datasets
 
 from common.cli import InputError, RunFailed
 from common.corpus import CorpusArguments, corpus_fingerprint
-from common.files import atomic_dir, damage_in, exclusive_lock, read_manifest
+from common.files import atomic_dir, exclusive_lock, sealed_folder_damage
 from common.run_contract import DOCUMENT_SPLIT_FILE
 from common.tokenization import check_tokenizer_dir, load_tokenizer
 from pretrain.blocks.args import DataArguments
@@ -68,7 +68,7 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
     lock = cache_root / f".{folder.name}.lock"
     with full_disk_as_run_failed(cache_root), exclusive_lock(lock, wait=True):
         if (folder / STATS_FILE).is_file():
-            damage = cache_damage(folder)
+            damage = sealed_folder_damage(folder, STATS_FILE, STATS_KEY_TYPES)
             if damage is None:
                 logger.info("reusing packed blocks in %s", folder)
                 return folder
@@ -104,14 +104,6 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
             build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
         logger.info("packed blocks saved in %s", folder)
     return folder
-
-
-def cache_damage(folder: Path) -> str | None:
-    """Why a cache folder no longer holds what was written into it, or None when it does."""
-    stats = read_manifest(folder, STATS_FILE, STATS_KEY_TYPES)
-    if stats is None:
-        return f"{STATS_FILE} is unreadable"
-    return damage_in(folder, stats["files"])
 
 
 @contextlib.contextmanager
