@@ -52,9 +52,6 @@ class LibraryFix:
     reason: str
     apply: Callable[[], None]
 
-    def applies_to(self, installed_version: str) -> bool:
-        return self.versions.contains(installed_version, prereleases=True)
-
 
 def honour_sharding_plugins_on_cpu() -> None:
     original_init = AcceleratorState.__init__
@@ -109,7 +106,7 @@ def apply_library_fixes(fixes: tuple[LibraryFix, ...] = FIXES) -> tuple[str, ...
     applied = []
     for fix in fixes:
         installed = version(fix.library)
-        if fix.applies_to(installed):
+        if fix.versions.contains(installed, prereleases=True):
             fix.apply()
             logger.debug("%s %s: %s (%s)", fix.library, installed, fix.name, fix.reason)
             applied.append(fix.name)
