@@ -368,8 +368,7 @@ class PrecisionChoice:
     tf32: bool
 
     @property
-    def name(self) -> str:
-        """ "bf16", "fp16" or "fp32"."""
+    def name(self) -> str:  # "bf16", "fp16" or "fp32"
         return "fp32" if self.mixed_precision == "no" else self.mixed_precision
 
 

@@ -456,18 +456,15 @@ class ThroughputCallback(TrainerCallback):
     def on_log(self, args, state: TrainerState, control: TrainerControl, logs=None, **kwargs):
         if not logs or "loss" not in logs:
             return  # evaluation or end-of-training summaries
-        scalars = self.clock.window(state.global_step)
+        step = state.global_step
+        scalars = self.clock.window(step)
         if not state.is_world_process_zero:
             return
-        logger.info(
-            self.clock.progress_line(
-                state.global_step, logs["loss"], logs["learning_rate"], scalars
-            )
-        )
+        logger.info(self.clock.progress_line(step, logs["loss"], logs["learning_rate"], scalars))
         writer = self.tensorboard.tb_writer if self.tensorboard else None
         if writer is not None:
             for tag, value in scalars.items():
-                writer.add_scalar(tag, value, state.global_step)
+                writer.add_scalar(tag, value, step)
 
     def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         self.clock.stop(model, optimizer)

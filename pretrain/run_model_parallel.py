@@ -114,8 +114,7 @@ class WholeModel:
 
     def evaluate(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Each block's mean loss, one block at a time."""
-        blocks = [block[None] for block in input_ids]
-        return torch.stack([self.module(input_ids=block, labels=block).loss for block in blocks])
+        return torch.stack([self.module(input_ids=b, labels=b).loss for b in input_ids[:, None]])
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         return clip_grad_norm_(self.module.parameters(), max_norm)
@@ -203,14 +202,14 @@ class ModelParallelRun(RunShell):
             logger.warning("not applied by this loop: %s", "; ".join(unused))
         return PrecisionChoice("no", "this loop trains in fp32", tf32=False)
 
-    def check_model(self, config: GPT2Config) -> None:
+    def check_model(self, config: GPT2Config, last_batch_blocks: int | None = None) -> None:
         parallel, world_size = self.parallel, self.training_args.world_size
         if parallel.strategy == "tp":
             check_tensor_parallel_size(config.n_head, world_size)
-        elif parallel.strategy == "pp":  # the last step's blocks are checked once planned
+        elif parallel.strategy == "pp":  # the last step's blocks once planned (`build`)
             check_pipeline_arguments(
                 config.n_layer, world_size, parallel.pipeline_schedule,
-                parallel.num_microbatches, self.batch_blocks,
+                parallel.num_microbatches, self.batch_blocks, last_batch_blocks,
             )  # fmt: skip
 
     def build(self, model: GPT2LMHeadModel) -> tuple[Strategy, str]:
@@ -218,14 +217,7 @@ class ModelParallelRun(RunShell):
         world_size, device = training_args.world_size, training_args.device
         # The model (the same on every process) split for the strategy; this process's part.
         if parallel.strategy == "pp":
-            check_pipeline_arguments(
-                model.config.n_layer,
-                world_size,
-                parallel.pipeline_schedule,
-                parallel.num_microbatches,
-                self.batch_blocks,
-                last_batch_blocks=schedule.last_batch_blocks,
-            )
+            self.check_model(model.config, schedule.last_batch_blocks)
             self.local = build_gpt2_pipeline(
                 model, device, parallel.pipeline_schedule, parallel.num_microbatches
             )
