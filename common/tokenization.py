@@ -107,12 +107,10 @@ def encode_pieces(
 ) -> tuple[np.ndarray, np.ndarray]:
     """One batch: the pieces' token ids with eos after each piece that ends a document, and the
     positions just past those eos."""
-    encodings = backend.encode_batch_fast(pieces, add_special_tokens=False)
-    ids_per_piece = [encoding.ids for encoding in encodings]
+    ids_per_piece = [e.ids for e in backend.encode_batch_fast(pieces, add_special_tokens=False)]
     is_last = np.array(ends_document)
     lengths = np.fromiter(map(len, ids_per_piece), np.int64, len(ids_per_piece)) + is_last
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
     document_ends = offsets[1:][is_last]
     is_eos = np.zeros(offsets[-1], bool)
     is_eos[document_ends - 1] = True

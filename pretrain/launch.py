@@ -49,12 +49,11 @@ def run_folder(script_args: list[str]) -> Path | None:
     """The training's `--output_dir`: from its command line, else from its `--config` file."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--output_dir")
-    parser.add_argument("--config")
-    known, _ = parser.parse_known_args(script_args)
-    if known.output_dir is None and known.config is not None:
+    output_dir = parser.parse_known_args(script_args)[0].output_dir
+    if output_dir is None and (config := cli.config_path(script_args)) is not None:
         with contextlib.suppress(cli.InputError):  # the training process says so itself
-            known.output_dir = cli.load_config_file(known.config).get("output_dir")
-    return Path(known.output_dir) if known.output_dir else None
+            output_dir = cli.load_config_file(config).get("output_dir")
+    return Path(output_dir) if output_dir else None
 
 
 def newest_complete_checkpoint(run_dir: Path | None) -> Path | None:

@@ -152,8 +152,7 @@ def evaluate_blocks(trainer: Trainer) -> float:
 
 def parse_pretrain_args(argv: list[str] | None = None):
     """The `PretrainArguments` (model, corpus, data, report, training) from flags and `--config`."""
-    (args,) = TrainerRun.parse(argv)
-    return args
+    return TrainerRun.parse(argv)[0]
 
 
 main = command(TrainerRun)

@@ -301,8 +301,7 @@ def select_training_blocks(num_blocks: int, num_selected: int, seed: int) -> np.
     """Indices of the budget's blocks: the first `num_selected` of successive seeded shuffles."""
     rng = np.random.default_rng(seed)
     num_passes = -(-num_selected // num_blocks)
-    order = np.concatenate([rng.permutation(num_blocks) for _ in range(num_passes)])
-    return order[:num_selected]
+    return np.concatenate([rng.permutation(num_blocks) for _ in range(num_passes)])[:num_selected]
 
 
 def count_predicted_bytes(blocks: np.ndarray, tokenizer) -> int:

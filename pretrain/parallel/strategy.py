@@ -64,8 +64,7 @@ def requested_strategy(training_args: TrainingArguments) -> Request:
             fsdp_version=int(fsdp_options.get("fsdp_version", 1)),
             fsdp_offload_params=bool(fsdp_options.get("cpu_offload", False)),
         )
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    return Request(DATA_PARALLEL if world_size > 1 else SINGLE_PROCESS)
+    return Request(DATA_PARALLEL if int(os.environ.get("WORLD_SIZE", "1")) > 1 else SINGLE_PROCESS)
 
 
 def _flag(name: str) -> bool:
