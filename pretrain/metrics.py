@@ -374,9 +374,8 @@ class LoopClock:
         self.budget = budget
         self.schedule, self.setup = plan.schedule, setup
         self.device = device
-        self.snapshot_path = snapshot_path
+        self.snapshot_path: Path | None = snapshot_path  # None once the snapshot is taken
         self.gpu = GpuReadings(device)
-        self.snapshot_taken = False
         self.loop_start: float | None = None
         self.loop_seconds: float | None = None
         self.first_step_seconds: float | None = None
@@ -409,9 +408,9 @@ class LoopClock:
         )
         if mfu is not None:
             scalars[MFU] = mfu
-        if not self.snapshot_taken and step >= self.schedule.max_steps // 2:
-            self.snapshot_taken = True
+        if self.snapshot_path is not None and step >= self.schedule.max_steps // 2:
             write_nvidia_smi_snapshot(self.snapshot_path)
+            self.snapshot_path = None
         return scalars
 
     def progress_line(

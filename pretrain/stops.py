@@ -187,10 +187,8 @@ class CheckpointOnSignalCallback(TrainerCallback):
             return
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             signum = torch.tensor([int(self.received or 0)], device=args.device)
-            dist.all_reduce(signum, op=dist.ReduceOp.MAX)
-            if not signum.item():
-                return
-            self.received = signal.Signals(int(signum.item()))
+            dist.all_reduce(signum, op=dist.ReduceOp.MAX)  # 0: no process received one
+            self.received = signal.Signals(int(signum.item())) if signum.item() else None
         if self.received is not None and state.global_step < state.max_steps:
             self.stopped_at_step = state.global_step
             control.should_save = True
