@@ -163,13 +163,12 @@ def decay_parameter_names(model: nn.Module) -> set[str]:
 def split_by_layout(groups: list[dict]) -> list[dict]:
     """Each group split into its sharded (DTensor) and whole parameters, which fused and foreach
     kernels cannot take in one call (tensor parallelism holds both); empty groups dropped."""
-    split = []
-    for group in groups:
-        for sharded in (False, True):
-            params = [p for p in group["params"] if isinstance(p, DTensor) == sharded]
-            if params:
-                split.append({**group, "params": params})
-    return split
+    split = [
+        {**group, "params": [p for p in group["params"] if isinstance(p, DTensor) == sharded]}
+        for group in groups
+        for sharded in (False, True)
+    ]
+    return [group for group in split if group["params"]]
 
 
 def muon_optimizer(

@@ -105,10 +105,8 @@ def failures_in_one_line(output_dir: Path, weight_bytes: int, is_main: bool) -> 
                 f"the launcher's, says why; continue with --resume_from_checkpoint {RESUME_AUTO}"
             ) from err
         final = staging_dir_of(output_dir / FINAL_MODEL_DIR) in unfinished
-        save = (
-            (f"{FINAL_MODEL_DIR}/", weight_bytes) if final else ("a checkpoint", 3 * weight_bytes)
-        )
-        cause, fix = save_failure_cause(chain, output_dir, *save)
+        saved, copies = (f"{FINAL_MODEL_DIR}/", 1) if final else ("a checkpoint", 3)
+        cause, fix = save_failure_cause(chain, output_dir, saved, copies * weight_bytes)
         raise RunFailed(
             f"cannot save in {output_dir}: {cause}{kept}; {fix} (or pass another "
             f"--output_dir) and continue with --resume_from_checkpoint {RESUME_AUTO}"

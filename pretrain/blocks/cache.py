@@ -64,7 +64,6 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
     tokenizer_digest = tokenizer_files_digest(data_args.tokenizer_dir)
     key = cache_key(fingerprint, tokenizer_digest, data_args)
     folder = cache_root / f"{CACHE_FOLDER_PREFIX}-{data_args.block_size}-{key}"
-    # One process builds a cache folder at a time; the others wait, then reuse it.
     lock = cache_root / f".{folder.name}.lock"
     with full_disk_as_run_failed(cache_root), exclusive_lock(lock, wait=True):
         if (folder / STATS_FILE).is_file():
@@ -99,7 +98,6 @@ def prepare_blocks(corpus_args: CorpusArguments, data_args: DataArguments, token
         # Imported here: a cache hit stays free of torch, which the stops' Trainer callback needs.
         from pretrain.stops import STOP_SIGNALS, signals_handled, stop_on_termination
 
-        # Built in a temporary folder, renamed to `folder` when complete.
         with atomic_dir(folder) as tmp_dir, signals_handled(STOP_SIGNALS, stop_on_termination):
             build_blocks(tmp_dir, corpus_args, data_args, tokenizer, context)
         logger.info("packed blocks saved in %s", folder)
