@@ -108,15 +108,9 @@ def encode_pieces(
     """One batch: the pieces' token ids with eos after each piece that ends a document, and the
     positions just past those eos."""
     ids_per_piece = [e.ids for e in backend.encode_batch_fast(pieces, add_special_tokens=False)]
-    is_last = np.array(ends_document)
-    lengths = np.fromiter(map(len, ids_per_piece), np.int64, len(ids_per_piece)) + is_last
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    document_ends = offsets[1:][is_last]
-    is_eos = np.zeros(offsets[-1], bool)
-    is_eos[document_ends - 1] = True
-    values = np.empty(offsets[-1], np.int32)
-    values[is_eos] = eos_token_id
-    values[~is_eos] = np.fromiter(
-        itertools.chain.from_iterable(ids_per_piece), np.int32, offsets[-1] - len(document_ends)
-    )
-    return values, document_ends
+    for ids, is_last in zip(ids_per_piece, ends_document, strict=True):
+        if is_last:
+            ids.append(eos_token_id)  # each encoding's ids are a list of its own
+    ends = np.cumsum(np.fromiter(map(len, ids_per_piece), np.int64, len(ids_per_piece)))
+    values = np.fromiter(itertools.chain.from_iterable(ids_per_piece), np.int32, int(ends[-1]))
+    return values, ends[np.array(ends_document)]
