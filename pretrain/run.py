@@ -89,8 +89,7 @@ class TrainerRun(RunShell):
         resume = self.plan.resume_checkpoint
         # Log lines above a terminal's bar, not through it; without a bar, logging as it is (the
         # redirect adds a handler of its own even where the root logger had none).
-        bar = nullcontext() if self.trainer.args.disable_tqdm else logging_redirect_tqdm()
-        with bar:
+        with nullcontext() if self.trainer.args.disable_tqdm else logging_redirect_tqdm():
             self.trainer.train(resume_from_checkpoint=str(resume) if resume else None)
 
     def write_final_model(self, directory: str) -> None:

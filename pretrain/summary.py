@@ -55,7 +55,6 @@ def run_summary(plan: RunPlan, setup: RunSetup, result: LoopResult) -> dict[str,
     budget.lap(TIME_SUMMARY)
     wall_seconds = time.time() - budget.launched_at
     schedule = plan.schedule
-    tokens_trained = schedule.tokens_seen(result.global_step)
     session_tokens = schedule.tokens_between(result.start_step, result.global_step)
     speed = tokens_per_second(Span.WHOLE_LOOP, session_tokens, result.loop_seconds)
     diverged = result.diverged_at_step is not None
@@ -81,7 +80,7 @@ def run_summary(plan: RunPlan, setup: RunSetup, result: LoopResult) -> dict[str,
         "peak_memory_source": peak_memory["peak_memory_source"],
         # Where the whole run ended, and the verdict.
         "global_step": result.global_step,
-        "tokens_trained": tokens_trained,
+        "tokens_trained": schedule.tokens_seen(result.global_step),
         "token_budget": plan.token_budget,
         "final_loss": final_loss,
         "final_loss_window": window,

@@ -108,8 +108,7 @@ def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float) -> torc
     whole = [p for p in with_grad if not isinstance(p.grad, DTensor)]
     squares = [torch.nn.utils.get_total_norm([p.grad for p in whole]) ** 2] if whole else []
     if sharded:
-        sharded_norm = torch.nn.utils.get_total_norm([p.grad for p in sharded])
-        squares.append(sharded_norm.full_tensor() ** 2)
+        squares.append(torch.nn.utils.get_total_norm([p.grad for p in sharded]).full_tensor() ** 2)
     total_norm = torch.stack(squares).sum().sqrt()
     for group in (whole, sharded):
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total_norm)
