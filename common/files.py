@@ -194,14 +194,11 @@ class LockHeld(Exception):
 
 @contextmanager
 def exclusive_lock(lock_path: Path, wait: bool) -> Iterator[None]:
-    """Hold an exclusive lock on `lock_path` while the block runs (filelock's `flock`), with
-    the holder's pid, host and start time written in the file; the file is removed after.
-
-    The kernel releases the lock when its process ends, however it ends (kill -9 included), so
-    a lock is never left stuck by a dead process: a file that stays behind names a holder that
-    is gone, and the next holder writes its own name over it. With `wait`, block until the
-    holder lets go (saying so once); without, raise `LockHeld` naming the holder.
-    """
+    """Hold an exclusive lock on `lock_path` while the block runs (filelock's `flock`), the
+    holder's pid, host and start time in the file, removed after. The kernel drops the lock
+    however its process ends (kill -9 too): a file left behind names a holder that is gone, and
+    the next holder writes over it. With `wait`, block until the holder lets go (saying so
+    once); without, raise `LockHeld` naming the holder."""
     lock = filelock.FileLock(lock_path, thread_local=False, on_acquired=_name_the_holder)
     try:
         lock.acquire(blocking=False)

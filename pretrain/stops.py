@@ -140,12 +140,10 @@ class StopsHeldFromWorkers:
 
 
 class CheckpointOnSignalCallback(TrainerCallback):
-    """SIGTERM and SIGUSR1 (Slurm's warning, `scancel`, preemption) while `caught()` lasts:
-    before the loop they stop the run at once (`StopRequested`); inside it, a checkpoint at the
-    next of Trainer's logging steps, then the run stops; after its last step the run finishes.
-    Only a logging step: every rank stops at the same one (they agree by an all-reduce), and the
-    checkpoint's log holds every step's loss, so a resumed run logs the uninterrupted run's
-    windows (a window split by the stop made the final loss differ, 7.209 for 7.213)."""
+    """A stop while `caught()` lasts, as the module says. Only at a logging step: every rank
+    stops at the same one (they agree by an all-reduce), and the checkpoint's log holds every
+    step's loss, so a resumed run logs the uninterrupted run's windows (a window split by the
+    stop made the final loss differ, 7.209 for 7.213)."""
 
     received: signal.Signals | None = None
     stopped_at_step: int | None = None

@@ -1,5 +1,4 @@
-"""The options of block preparation: which tokenizer, how long the blocks are, how the corpus is
-split and budgeted. `prepare-blocks` and every training entry point take `DataArguments`."""
+"""The options of block preparation, which `prepare-blocks` and every training entry point take."""
 
 from __future__ import annotations
 
