@@ -127,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     datasheet = f" (datasheet peak {peak / 1e12:g})" if peak else ""
     lines.append(f"bf16 matmul {MATMUL_SIZE} x {MATMUL_SIZE}: {tflops:.0f} TFLOP/s{datasheet}")
     blocks = args.training.per_device_train_batch_size * args.training.gradient_accumulation_steps
-    tokens = budget_in_whole_batches(args, blocks).max_train_tokens
-    if tokens is not None:
+    if (tokens := budget_in_whole_batches(args, blocks).max_train_tokens) is not None:
         seconds = predicted_loop_seconds(tokens, model, args.data.block_size, tflops)
         lines.append(
             f"training loop predicted: {seconds:.0f} s = {tokens:,} tokens x "

@@ -129,8 +129,7 @@ def build_optimizer(
     """The optimizer Trainer would build for `module` (Muon as `muon_args` ask, else --optim with
     weight decay on all but biases and layer norms), each group split into sharded (DTensor)
     and whole parameters."""
-    muon = muon_optimizer(module, training_args, muon_args)
-    if muon is not None:
+    if (muon := muon_optimizer(module, training_args, muon_args)) is not None:
         return muon
     decay_names = decay_parameter_names(module)
     optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(training_args)
