@@ -261,8 +261,7 @@ class ModelParallelRun(RunShell):
         training_args, writer, schedule = self.training_args, self.writer, plan.schedule
         max_norm = training_args.max_grad_norm if training_args.max_grad_norm > 0 else math.inf
         state = TrainerState()
-        max_steps = schedule.max_steps
-        state.compute_steps(training_args, max_steps)  # Trainer's logging interval
+        state.compute_steps(training_args, schedule.max_steps)  # Trainer's logging interval
         # Every step's token ids, the same on every process and in the order Trainer reads
         # them: accelerate's seeded sampler over the blocks, the last batch partial when the
         # blocks do not fill it.
@@ -272,7 +271,7 @@ class ModelParallelRun(RunShell):
         self.logged_losses: list[float] = []
         window_losses: list[torch.Tensor] = []
         clock.start(0)
-        for step in range(1, max_steps + 1):
+        for step in range(1, schedule.max_steps + 1):
             indices = order[(step - 1) * schedule.batch_blocks : step * schedule.batch_blocks]
             batch = plan.blocks["train"][indices]["input_ids"]  # int64 (blocks, block_size)
             learning_rate = self.scheduler.get_last_lr()[0]
