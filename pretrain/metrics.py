@@ -376,7 +376,7 @@ class LoopClock:
         self.device = device
         self.snapshot_path: Path | None = snapshot_path  # None once the snapshot is taken
         self.gpu = GpuReadings(device)
-        self.loop_start: float | None = None
+        self.loop_start = 0.0  # set by `start`, which both loops call first
         self.loop_seconds: float | None = None
         self.first_step_seconds: float | None = None
         self.ranks: list[dict[str, Any]] = []
@@ -390,7 +390,7 @@ class LoopClock:
         self._window_step = self.start_step = step
 
     def step_done(self) -> None:
-        if self.first_step_seconds is None and self.loop_start is not None:
+        if self.first_step_seconds is None:
             self.first_step_seconds = time.perf_counter() - self.loop_start
             self.budget.graphs_after_first_step = graphs_compiled()
 
@@ -425,15 +425,14 @@ class LoopClock:
             parts.append(f"{scalars[TOKENS_PER_SECOND]:,.0f} tokens/s")
         if MFU in scalars:
             parts.append(f"mfu {scalars[MFU]:.0%}")
-        elapsed = time.perf_counter() - (self.loop_start or time.perf_counter())
+        elapsed = time.perf_counter() - self.loop_start
         parts.append(elapsed_and_left(elapsed, step - self.start_step, max_steps - self.start_step))
         return ", ".join(parts)
 
     def stop(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """End the loop's time and gather every process's footprint, before the final save and
         the evaluation gather sharded weights."""
-        if self.loop_start is not None:
-            self.loop_seconds = time.perf_counter() - self.loop_start
+        self.loop_seconds = time.perf_counter() - self.loop_start
         self.budget.lap(LOOP)
         self.ranks = gather_object([rank_footprint(model, optimizer, self.device)])
 

@@ -91,7 +91,6 @@ class RunShell:
 
     @classmethod
     def parse(cls, argv: list[str] | None) -> tuple[Any, ...]:
-        """The loop's own options, then `PretrainArguments`, from flags and `--config`."""
         description = cls.description or sys.modules[cls.__module__].__doc__
         return PretrainArguments.parse(argv, cls.option_classes, description, cls.prog)
 
