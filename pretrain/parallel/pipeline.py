@@ -73,17 +73,11 @@ class GPT2PipelineStage(nn.Module):
         )
         for block in self.h:
             hidden = block(hidden, None, mask, position_ids=position_ids)
-        if self.is_last:
-            return self.lm_head(self.ln_f(hidden))  # (B, T, V)
-        return hidden
+        return self.lm_head(self.ln_f(hidden)) if self.is_last else hidden  # logits: (B, T, V)
 
     def tied_weight(self) -> nn.Parameter | None:
         """This stage's member of the tied embedding/output pair, if it holds one."""
-        if self.is_first:
-            return self.wte.weight
-        if self.is_last:
-            return self.lm_head.weight
-        return None
+        return self.wte.weight if self.is_first else self.lm_head.weight if self.is_last else None
 
 
 @dataclass
