@@ -60,9 +60,8 @@ class GPT2PipelineStage(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         position_ids = torch.arange(inputs.shape[1], device=inputs.device)[None]  # (1, T)
-        hidden = inputs  # (B, T, H) from the previous stage
-        if self.is_first:
-            hidden = self.drop(self.wte(inputs) + self.wpe(position_ids))  # from ids (B, T)
+        # The first stage embeds ids (B, T); the others get hidden states (B, T, H).
+        hidden = self.drop(self.wte(inputs) + self.wpe(position_ids)) if self.is_first else inputs
         # As GPT2Model builds it: None for SDPA (its causal kernel), a mask tensor for eager.
         mask = create_causal_mask(
             config=self.config,

@@ -129,13 +129,8 @@ def check_strategy(request: Request, accelerator: Accelerator) -> Strategy:
 def check_granted(request: Request, strategy: Strategy, device_type: str) -> None:
     """Refuse a strategy in force that is not the requested one, naming both."""
     requested = request.distributed_type
-    if requested == DATA_PARALLEL:
-        granted = strategy.name == "ddp"
-    elif requested == SINGLE_PROCESS:
-        granted = strategy.name == "single"
-    else:
-        granted = strategy.distributed_type == requested
-    if granted:
+    granted = {DATA_PARALLEL: strategy.name == "ddp", SINGLE_PROCESS: strategy.name == "single"}
+    if granted.get(requested, strategy.distributed_type == requested):
         return
     if strategy.num_processes == 1:
         fix = "launch 2 or more processes with `launch-pretraining --num_processes N`"
