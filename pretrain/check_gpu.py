@@ -5,6 +5,7 @@ the loop's seconds predicted from a bf16 matmul timed here."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from pathlib import Path
@@ -95,13 +96,11 @@ def sdpa_line(device: torch.device) -> str:
     query = torch.randn(1, 12, 256, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
     runs = []
     for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
-        try:
+        with contextlib.suppress(RuntimeError):  # "No available kernel"
             with sdpa_kernel(getattr(SDPBackend, backend)), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # torch's reasons for each kernel it cannot use
                 F.scaled_dot_product_attention(query, query, query, is_causal=True).sum().backward()
             runs.append(backend.lower())
-        except RuntimeError:  # "No available kernel"
-            pass
     return f"SDPA kernels that run (bf16, causal, head size 64): {', '.join(runs) or 'none'}"
 
 
