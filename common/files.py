@@ -2,8 +2,6 @@
 that what was written is still whole, and keep two processes from writing the same thing.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import math

@@ -9,8 +9,6 @@ reads it with `read_json_object` (`read_gpt_summary` for run_summary.json): stri
 version checked.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 from collections.abc import Callable, Mapping

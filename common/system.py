@@ -1,7 +1,5 @@
 """What a run ran on: hardware and library versions, recorded in every run summary."""
 
-from __future__ import annotations
-
 import importlib.metadata
 import logging
 import os

@@ -1,7 +1,5 @@
 """Tokenizer folders and document tokenization, shared by block preparation and the probe."""
 
-from __future__ import annotations
-
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path

@@ -7,8 +7,6 @@ hardware (bf16 where the GPU has it, fp16 on older GPUs, fp32 on CPU); the launc
 means "not decided", not "fp32".
 """
 
-from __future__ import annotations
-
 import difflib
 import logging
 import math

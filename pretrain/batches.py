@@ -1,8 +1,6 @@
 """Batches and steps of training over packed blocks: the collator Trainer stacks blocks with,
 and the schedule of one pass over the training blocks."""
 
-from __future__ import annotations
-
 import logging
 import math
 from dataclasses import dataclass
@@ -35,7 +33,7 @@ class BlockSchedule:
     @classmethod
     def one_pass(
         cls, num_train_blocks: int, batch_blocks: int, block_size: int, requested_max_steps: int
-    ) -> BlockSchedule:
+    ) -> "BlockSchedule":
         """The steps that show every training block once, the last taking the remainder; a
         positive `requested_max_steps` may stop earlier (a quick check), never later."""
         if num_train_blocks < batch_blocks:

@@ -3,8 +3,6 @@
 whether the run's batch fits a GPU (else the batch x accumulation that keeps its global batch);
 the loop's seconds predicted from a bf16 matmul timed here."""
 
-from __future__ import annotations
-
 import contextlib
 import sys
 import warnings

@@ -1,8 +1,6 @@
 """Whether this process has a CUDA GPU to train on and, if not, why, in torch's own words: a run
 that means a GPU stops in one line before it reads anything; the CPU trains only when asked."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import re

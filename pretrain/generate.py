@@ -6,8 +6,6 @@ RUN_DIR is a run folder of `pretrain/run.py` (its `final/` model is used) or any
 `AutoModelForCausalLM.from_pretrained` loads, such as one of its `checkpoint-<step>/`.
 """
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 

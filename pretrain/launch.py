@@ -9,8 +9,6 @@ a saved checkpoint; 2 / 3 for bad input / a failed run, in one `error:` line (ou
 process, or a stop that saved nothing); any other code is a crash, with its traceback.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import logging

@@ -5,8 +5,6 @@ Patches (`FIXES`) apply only to the versions known to need them (on others: one 
 library takes from elsewhere than its arguments (environment variables, its log lines).
 """
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import functools

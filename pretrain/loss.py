@@ -7,8 +7,6 @@ gradients are kept from the forward pass instead of its logits. The value equals
 transformers has none that runs on any device (its Liger integration needs a Triton kernel).
 """
 
-from __future__ import annotations
-
 import types
 
 import torch

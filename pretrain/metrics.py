@@ -7,8 +7,6 @@ every GPU function is a no-op without an NVIDIA GPU. Sizes count each process's 
 between strategies, not with parameters.
 """
 
-from __future__ import annotations
-
 import logging
 import re
 import resource

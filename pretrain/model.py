@@ -4,8 +4,6 @@ The vocabulary is the tokenizer's rounded up to a multiple of 128, so that the e
 output matmul tile evenly on tensor cores (nanoGPT pads 50257 to 50304 likewise).
 """
 
-from __future__ import annotations
-
 import logging
 import math
 import re

@@ -3,8 +3,6 @@ matrices, --optim (AdamW) for the tied embedding / head, positions, LayerNorms a
 one optimizer Trainer schedules, clips, accumulates and checkpoints. transformers' --optim names
 no Muon (5.24), hence `MuonArguments`."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 from dataclasses import dataclass

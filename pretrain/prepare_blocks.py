@@ -11,8 +11,6 @@ A second run with the same inputs prints the same folder within seconds (see
 pretrain/blocks/packing.py for the packing, split and budget rules).
 """
 
-from __future__ import annotations
-
 import sys
 from dataclasses import fields
 

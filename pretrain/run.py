@@ -9,8 +9,6 @@ The run folder (`--output_dir`) receives `checkpoint-<step>/`, `tensorboard/`,
 `AutoModelForCausalLM`) and, last, `run_summary.json`.
 """
 
-from __future__ import annotations
-
 import logging
 import sys
 from contextlib import nullcontext

@@ -2,8 +2,6 @@
 process), a final model written whole, saves that fail in one line.
 """
 
-from __future__ import annotations
-
 import errno
 import logging
 import os

@@ -27,8 +27,6 @@ written by the same function), `tensorboard/` (the same tags) and `document_spli
 no final/ model (a tensor-parallel model is no longer laid out as a saved GPT-2).
 """
 
-from __future__ import annotations
-
 import logging
 import math
 import sys

@@ -4,8 +4,6 @@ the same for Trainer's loop (pretrain/run.py) and the tensor / pipeline-parallel
 is timed here or by the `LoopClock` a loop is given, never in a loop.
 """
 
-from __future__ import annotations
-
 import functools
 import logging
 import sys

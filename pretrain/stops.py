@@ -11,8 +11,6 @@ and kills those still running `STOP_GRACE_VARIABLE` seconds later; a process it 
 when it dies (`stop_with_launcher`).
 """
 
-from __future__ import annotations
-
 import ctypes
 import functools
 import logging

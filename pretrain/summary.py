@@ -4,8 +4,6 @@ model as built) and `LoopResult` (measured by the loop). Its version and the key
 relies on: `common.run_contract`.
 """
 
-from __future__ import annotations
-
 import contextlib
 import hashlib
 import math

@@ -1,7 +1,5 @@
 """The options of block preparation, which `prepare-blocks` and every training entry point take."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg

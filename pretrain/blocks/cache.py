@@ -9,8 +9,6 @@ other file: each reuse checks them, and a damaged cache is built again. One proc
 given cache at a time (a lock beside it); the others wait and reuse it.
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import errno

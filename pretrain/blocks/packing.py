@@ -32,8 +32,6 @@ Arrow file is written 1,000 blocks at a time; only the reader's de-duplication r
 bytes a document) and the longest document add to that.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import logging
 import math

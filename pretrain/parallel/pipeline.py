@@ -11,8 +11,6 @@ holds a copy, and after each backward the two sum the pair's gradients (the look
 logits' parts of the tied weight's one gradient), so both copies take the same step.
 """
 
-from __future__ import annotations
-
 import functools
 from dataclasses import dataclass
 

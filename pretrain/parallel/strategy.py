@@ -8,8 +8,6 @@ lack (FSDP1 needs GPUs). Such a run stops with one line: `check_request_fits_dev
 accelerate is set up, `check_strategy` right after.
 """
 
-from __future__ import annotations
-
 import os
 from dataclasses import dataclass
 

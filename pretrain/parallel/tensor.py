@@ -13,8 +13,6 @@ transformers has no tensor-parallel plan for GPT-2 (`tp_plan` is empty) and torc
 model prepared here trains like the original but is no longer laid out as a saved GPT-2.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable
 
 import torch
