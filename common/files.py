@@ -177,9 +177,8 @@ def sealed_folder_damage(
     name: str = CHECKPOINT_MANIFEST_FILE,
     key_types: dict[str, type | tuple[type, ...]] = MANIFEST_KEY_TYPES,
 ) -> str | None:
-    """Why a folder sealed by its manifest `name` is not whole: its manifest unreadable, a file
-    missing, resized or changed. None when it is whole, or has no manifest (written before
-    manifests existed)."""
+    """Why a folder sealed by its manifest `name` is not whole (its manifest unreadable, a file
+    missing, resized or changed); None when whole or without a manifest (saved before them)."""
     manifest = read_manifest(folder, name, key_types)
     if manifest is None:
         return f"its {name} is unreadable" if (folder / name).exists() else None

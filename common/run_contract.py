@@ -138,14 +138,11 @@ def read_json_object(
     note: Callable[[str], None] = logger.warning,
     key_types: Mapping[str, type | tuple[type, ...]] | None = None,
 ) -> dict[str, Any]:
-    """The JSON object in `path`, read strictly; any fault is one InputError naming the file.
-
-    A bare NaN or Infinity is refused: Python's json reads and writes them, but they are not
-    JSON, and a NaN loss would read as a number. With `version_key`, a file of a newer
-    `version` is refused (this checkout cannot know what its keys mean); one of an older
-    version is read, and `note` says so. A key of `key_types` whose value is of another type
-    (not null) is damage.
-    """
+    """The JSON object in `path`, read strictly; any fault is one InputError naming the file. A
+    bare NaN or Infinity is refused: Python's json reads and writes them, but they are not JSON,
+    and a NaN loss would read as a number. With `version_key`, a file of a newer `version` is
+    refused (this checkout cannot know what its keys mean); one of an older version is read, and
+    `note` says so. A key of `key_types` whose value is of another type (not null) is damage."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_not_json)
     except OSError as err:

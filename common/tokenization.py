@@ -54,8 +54,7 @@ def load_tokenizer(tokenizer_dir: str | Path):
 
 
 def tokenize_documents(documents: Sequence[str], tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of all documents with eos after each (int32), and each document's length
-    including its eos."""
+    """Token ids of all documents, eos after each (int32), and each document's length with eos."""
     batches = list(tokenize_stream(documents, tokenizer))
     token_ids = np.concatenate([ids for ids, _ in batches])
     starts = np.cumsum([0] + [len(ids) for ids, _ in batches[:-1]])

@@ -297,8 +297,7 @@ class PretrainArguments(NamedTuple):
         description: str = "",
         prog: str = "pretrain/run.py",
     ) -> tuple[Any, ...]:
-        """The `extra` option objects of a loop, then `PretrainArguments`, from flags and
-        `--config`."""
+        """A loop's `extra` option objects, then `PretrainArguments`, from flags and `--config`."""
         option_classes = get_type_hints(cls).values()
         values = parse_args((*extra, *option_classes), argv, description=description, prog=prog)
         args = cls(*values[len(extra) :])

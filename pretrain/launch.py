@@ -63,9 +63,8 @@ def newest_complete_checkpoint(run_dir: Path | None) -> Path | None:
 
 
 class StopSignals:
-    """Pass the first stop signal (SIGTERM, SIGUSR1, SIGINT) on to the processes, and kill those
-    still running `grace` seconds later: the job's end would cut them short anyway, at a less
-    known moment."""
+    """Pass the first stop signal (SIGTERM, SIGUSR1, SIGINT) on to the processes and kill those
+    still running `grace` seconds later: the job's end would kill them anyway, at no known time."""
 
     def __init__(self, grace: float, run_dir: Path | None) -> None:
         self.run_dir, self.received, self.checkpoint_before = run_dir, None, None

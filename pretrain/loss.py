@@ -68,9 +68,8 @@ def chunked_causal_lm_loss(
     num_items_in_batch: torch.Tensor | int | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> torch.Tensor:
-    """`ForCausalLMLoss(hidden_states @ lm_head_weight.T, labels)` without the full logits;
-    labels unshifted. The product runs in the autocast dtype (as `lm_head` would), the softmax
-    in fp32."""
+    """`ForCausalLMLoss(hidden_states @ lm_head_weight.T, labels)` without the full logits; labels
+    unshifted. The product runs in the autocast dtype (as `lm_head` would), the softmax in fp32."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     # Position t predicts label t + 1; the last position predicts nothing (as HF pads it).

@@ -149,8 +149,7 @@ FREE = "free space"
 
 def save_final_model(write_model: Callable[[str], None], final_dir: Path, is_main: bool) -> None:
     """What `write_model` writes into a folder (the model in safetensors and its tokenizer) into
-    `final_dir`, sealed by a manifest, staged and then renamed: whole or absent, never half
-    there."""
+    `final_dir`, sealed by a manifest, staged, then renamed: whole or absent, never half there."""
     staging_dir = staging_dir_of(final_dir)
     if is_main and staging_dir.exists():
         shutil.rmtree(staging_dir)

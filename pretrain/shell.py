@@ -285,8 +285,7 @@ class RunShell:
             )
 
     def nothing_to_resume(self, finished: dict[str, Any], is_main: bool) -> int:
-        """Resuming a finished run: 0, or RunFailed again when it diverged; the folder is left
-        as it is."""
+        """Resuming a finished run: 0, or RunFailed again if it diverged; the folder stays as is."""
         if finished["verdict"] == "diverged":
             raise RunFailed(
                 f"the run in {self.output_dir} diverged at step "
