@@ -223,10 +223,9 @@ def muon_optimizer(
 
 
 def deepspeed_muon(muon_groups, adamw_groups, adamw_cls, adamw_kwargs, muon_args):
-    """DeepSpeed's `MuonWithAuxAdam` over the same groups, --optim for AdamW's. ZeRO runs
-    Newton-Schulz only on parameters flagged `use_muon` (DeepSpeed's only way to be told; an
-    unflagged one steps as SGD, without a word), so every matrix is flagged here; bf16
-    Newton-Schulz ("standard") as torch's."""
+    """DeepSpeed's `MuonWithAuxAdam` over these groups, --optim for AdamW's. ZeRO runs Newton-Schulz
+    only on parameters flagged `use_muon` (DeepSpeed's only way to be told; an unflagged one steps
+    as SGD, silently), so every matrix is flagged; bf16 Newton-Schulz ("standard") as torch's."""
     # DeepSpeed exports it from nowhere else; ZeRO knows its Muon by this class
     from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
 

@@ -125,8 +125,7 @@ def build_optimizer(
     module: nn.Module, training_args: TrainingArguments, muon_args: MuonArguments
 ) -> torch.optim.Optimizer:
     """The optimizer Trainer would build for `module` (Muon as `muon_args` ask, else --optim with
-    weight decay on all but biases and layer norms), each group split into sharded (DTensor)
-    and whole parameters."""
+    weight decay on all but biases and norms), each group split into DTensor and whole ones."""
     if (muon := muon_optimizer(module, training_args, muon_args)) is not None:
         return muon
     decay_names = decay_parameter_names(module)
