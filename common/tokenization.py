@@ -65,10 +65,9 @@ def tokenize_documents(documents: Sequence[str], tokenizer) -> tuple[np.ndarray,
 def tokenize_stream(
     documents: Iterable[str], tokenizer, batch_chars: int = BATCH_CHARS
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Token ids of the documents with eos after each (int32), batch by batch, each batch with
-    the positions in it just past each eos (where its documents end; a document may span
-    batches). A batch is about `batch_chars` characters of text, tokenized by one batch encode
-    of `tokenizers` (which uses every core)."""
+    """Token ids of the documents, eos after each (int32), batch by batch, each with the positions
+    in it just past each eos (where its documents end; a document may span batches). A batch is
+    about `batch_chars` characters, one batch encode of `tokenizers` (which uses every core)."""
     # A copy that reads "<|endoftext|>" written inside a document as plain text: the only
     # document separators in the stream are the ones appended here.
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())

@@ -101,9 +101,8 @@ def check_muon_fits(
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """torch's Muon over `muon_groups` and `adamw_cls` (AdamW) over `adamw_groups`, as one
-    optimizer: its param groups (AdamW's first) and state are theirs, so schedulers, clipping
-    and state_dict() see one optimizer."""
+    """torch's Muon over `muon_groups` and `adamw_cls` (AdamW) over `adamw_groups` as one optimizer
+    for schedulers, clipping, state_dict(): its param groups (AdamW's first), state are theirs."""
 
     def __init__(self, muon_groups, adamw_groups, adamw_cls, adamw_kwargs, **muon_kwargs) -> None:
         self.adamw = adamw_cls(adamw_groups, **adamw_kwargs)
