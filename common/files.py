@@ -109,10 +109,9 @@ def file_record(path: Path) -> dict[str, Any]:
 def damage_in(
     folder: Path, recorded: dict[str, dict[str, Any]], manifest: str | None = None
 ) -> str | None:
-    """Why `folder` no longer holds the files `recorded` by `file_digests`, or None when it
-    does: a name outside it, a symbolic link or other than a regular file in it (another
-    run's weights, a FIFO), a file the `manifest` of that name did not record (when given),
-    the first missing, resized or changed file, named."""
+    """Why `folder` no longer holds the files `recorded` by `file_digests` (None when it does): a
+    name outside it, a link or other than a regular file in it (another run's weights, a FIFO),
+    a file the `manifest` so named did not record, the first missing, resized or changed file."""
     for relative in recorded:
         if PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
             return f"its manifest names {relative}, outside {folder.name}/"

@@ -173,8 +173,7 @@ def _not_json(constant: str) -> None:
 def read_gpt_summary(
     run_dir_or_file: str | Path, note: Callable[[str], None] = logger.warning
 ) -> dict[str, Any]:
-    """A pretraining run's summary (the run folder's, or the file given), its version checked
-    as `read_json_object` checks it."""
+    """A run folder's (or the given file's) pretraining summary, checked as `read_json_object`."""
     path = Path(run_dir_or_file)
     if path.is_dir():
         path = path / GPT_SUMMARY_FILE

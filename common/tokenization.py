@@ -101,8 +101,7 @@ def cut_into_pieces(document: str) -> Iterator[tuple[str, bool]]:
 def encode_pieces(
     backend: Tokenizer, pieces: list[str], ends_document: list[bool], eos_token_id: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One batch: the pieces' token ids with eos after each piece that ends a document, and the
-    positions just past those eos."""
+    """A batch's ids, eos after each piece ending a document, and the positions just past them."""
     ids_per_piece = [e.ids for e in backend.encode_batch_fast(pieces, add_special_tokens=False)]
     for ids, is_last in zip(ids_per_piece, ends_document, strict=True):
         if is_last:

@@ -121,8 +121,7 @@ def run_summary(plan: RunPlan, setup: RunSetup, result: LoopResult) -> dict[str,
 
 
 def headline(summary: dict[str, Any]) -> str:
-    """The result in one line: final loss against the threshold, eval loss, speed, tokens, and
-    where the wall seconds went."""
+    """The result in one line: final loss vs. threshold, eval loss, tokens, speed, time budget."""
     if summary["verdict"] == "diverged":
         return (
             f"DIVERGED at step {summary['diverged_at_step']} ({summary['divergence']}): no "
