@@ -14,12 +14,13 @@ import sys
 from contextlib import nullcontext
 
 try:  # `python pretrain/run.py` with a Python that lacks the venv: one line, not a traceback
+    import common  # noqa: F401, I001 (first: Ctrl-C while torch imports is one line)
     import torch
 
     from pretrain.batches import collate_blocks
 except ModuleNotFoundError as missing:
     print(
-        f"error: {missing.name} is not installed for {sys.executable}: run "
+        f"error: {sys.executable} lacks the toolkit's packages ({missing.name}): run "
         ".venv/bin/python pretrain/run.py, or activate the venv first (source "
         ".venv/bin/activate; make install creates it)",
         file=sys.stderr,

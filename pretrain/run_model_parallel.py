@@ -32,6 +32,9 @@ import math
 import sys
 from dataclasses import dataclass
 
+import common  # noqa: F401 (first: Ctrl-C while torch imports is one line)
+
+# isort: split
 import torch
 import torch.distributed as dist
 from accelerate.data_loader import SeedableRandomSampler
