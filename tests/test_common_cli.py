@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -427,7 +428,10 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing_half_written(tmp_path, c
     def main(argv=None):
         with atomic_dir(tmp_path / "out") as unfinished:
             (unfinished / "part.txt").write_text("half")
-            signal.raise_signal(signal.SIGINT)  # Ctrl-C: Python's handler raises KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C: Python's handler raises KeyboardInterrupt,
+            deadline = time.monotonic() + 60  # at once, or once a busy node has delivered it
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
 
     assert main([]) == 128 + signal.SIGINT
     assert capsys.readouterr().err.splitlines() == [
