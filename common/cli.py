@@ -133,7 +133,7 @@ class CommandLineParser(HfArgumentParser):
     def __init__(self, dataclass_types: Sequence[type], **kwargs: Any) -> None:
         # Every argument; those --help-all adds, with their help; each dataclass's; --a-b: --a_b.
         self.actions, self.hidden, self.groups, self.spellings, self.ranges = [], {}, {}, {}, {}
-        self.config, self.config_source = {}, ""
+        self.config, self.config_source, self.given = {}, "", set()  # given: on the command line
         self.owners = {f.name: d for d in dataclass_types for f in fields(d) if f.init}
         kwargs.setdefault("usage", "%(prog)s [--config FILE] [options]")
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)  # examples
@@ -208,6 +208,7 @@ class CommandLineParser(HfArgumentParser):
         named = [a for a in self.actions if a.help != argparse.SUPPRESS or a.dest in brief]
         shown = [flag for action in named for flag in action.option_strings]
         flags = [arg.split("=")[0] for arg in args if arg.startswith("--")]
+        self.given = {flag[2:] for flag in flags}
         for flag in (flag for flag in flags if flag not in [*options, "--"]):
             close = [o for o in shown if o.startswith(flag)] or get_close_matches(flag, shown, n=1)
             close = close or get_close_matches(flag, options, n=1)
@@ -218,7 +219,7 @@ class CommandLineParser(HfArgumentParser):
             raise InputError(f"unexpected argument {' '.join(extra)}; see --help")
         for name in self.owners:
             where = f" in config file {self.config_source}" * (name in self.config)
-            self.check(name, getattr(namespace, name), "" if f"--{name}" in flags else where)
+            self.check(name, getattr(namespace, name), "" if name in self.given else where)
         return namespace, extra
 
     def parse_dataclasses(self, args: list[str] | None = None) -> tuple[Any, ...]:

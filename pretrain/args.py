@@ -25,7 +25,7 @@ from transformers.hf_argparser import HfArg
 from transformers.integrations import get_available_reporting_integrations
 from transformers.utils.import_utils import enable_tf32
 
-from common.cli import InputError, parse_args
+from common.cli import CommandLineParser, InputError
 from common.corpus import CorpusArguments
 from common.values import BELOW_ONE, NOT_NEGATIVE, POSITIVE, Range, at_least
 from pretrain.batches import BlockSchedule
@@ -269,7 +269,7 @@ class PretrainTrainingArguments(TrainingArguments):
 
 
 # The options a predicted final loss was made for (with the recipe's own, which a config sets).
-PREDICTION_SCOPE = {"--model_preset", "--max_train_tokens", "--block_size", "--vocab_size"}
+PREDICTION_SCOPE = {"model_preset", "max_train_tokens", "block_size", "vocab_size"}
 
 
 class PretrainArguments(NamedTuple):
@@ -299,12 +299,12 @@ class PretrainArguments(NamedTuple):
     ) -> tuple[Any, ...]:
         """A loop's `extra` option objects, then `PretrainArguments`, from flags and `--config`."""
         option_classes = get_type_hints(cls).values()
-        values = parse_args((*extra, *option_classes), argv, description=description, prog=prog)
-        args = cls(*values[len(extra) :])
+        parser = CommandLineParser((*extra, *option_classes), description=description, prog=prog)
+        values = parser.parse_dataclasses(argv)
+        args = cls(*values[len(extra) : len(extra) + len(option_classes)])
         # A config file's prediction is for its own shape and tokens, not one changed by a flag.
-        flags = {word.split("=")[0] for word in (sys.argv[1:] if argv is None else argv)}
-        changed = sorted(flags & PREDICTION_SCOPE)
-        if args.report.prediction and changed and "--expected_final_loss" not in flags:
+        changed = [f"--{name}" for name in sorted(parser.given & PREDICTION_SCOPE)]
+        if args.report.prediction and changed and "expected_final_loss" not in parser.given:
             logger.info("no predicted final loss: it is not for this run's %s", ", ".join(changed))
             args.report.expected_final_loss = None
         return (*values[: len(extra)], args)

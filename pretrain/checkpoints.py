@@ -6,6 +6,7 @@ written last, is there and every file still matches it: a save cut short never l
 import json
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -315,9 +316,9 @@ CONVERTIBLE_STRATEGIES = ("single", "ddp", "fsdp2")
 FSDP_MODEL_FILE = f"{FSDP_MODEL_NAME}.bin"
 
 
-def check_same_strategy(checkpoint: Path, launched: dict[str, Any], is_main: bool) -> bool:
+def conversion_needed(checkpoint: Path, launched: dict[str, Any], is_main: bool) -> bool:
     """Whether the checkpoint was written by another strategy or number of processes, which
-    `convert_checkpoint` converts; refused when it cannot: ZeRO's, or one whose optimizer's
+    `convert_checkpoint` converts; refused where it cannot: ZeRO's, or one whose optimizer's
     parameter names are unrecorded (an earlier release). One of a release that did not record
     its strategy is assumed the same."""
     manifest = read_manifest(checkpoint)
@@ -367,7 +368,10 @@ def convert_checkpoint(
         layout_files = {FSDP_MODEL_FILE, OPTIMIZER_NAME, OPTIMIZER_NAME_BIN}
         for path in checkpoint.iterdir():
             if path.name not in layout_files | {CHECKPOINT_MANIFEST_FILE} and path not in rng_files:
-                shutil.copy2(path, target)
+                try:  # the unchanged files: linked, not written again, where the disk allows
+                    os.link(path, target / path.name)
+                except OSError:
+                    shutil.copy2(path, target)
         for rank in range(processes):  # rank r's state where it has one, else the first
             rng_name = "rng_state.pth" if processes == 1 else f"rng_state_{rank}.pth"
             source = checkpoint / f"rng_state_{rank}.pth"

@@ -25,8 +25,8 @@ from pretrain.blocks.cache import load_blocks, prepare_blocks, read_stats
 from pretrain.checkpoints import (
     RESUME_AUTO,
     check_same_run,
-    check_same_strategy,
     checkpoint_global_step,
+    conversion_needed,
     convert_checkpoint,
     identity_differences,
     launched_strategy,
@@ -104,7 +104,7 @@ def plan_run(
             )
         if resume_checkpoint is not None:
             launched, is_main = launched_strategy(training_args), training_args.process_index == 0
-            if check_same_strategy(resume_checkpoint, launched, is_main):
+            if conversion_needed(resume_checkpoint, launched, is_main):
                 with training_args.main_process_first(local=False, desc="converting a checkpoint"):
                     resume_checkpoint = convert_checkpoint(
                         resume_checkpoint, launched, output_dir, is_main

@@ -213,6 +213,6 @@ def test_the_course_prediction_is_left_out_for_another_shape_or_budget_unless_gi
         return args.report.prediction
 
     assert prediction() is not None
-    assert prediction("--model_preset", "4x256") is None
+    assert prediction("--model-preset", "4x256") is None  # either spelling
     assert prediction("--max_train_tokens=1M") is None
     assert prediction("--model_preset", "4x256", "--expected_final_loss", "5")[0] == 5

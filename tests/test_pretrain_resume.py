@@ -36,9 +36,9 @@ from common.run_contract import (
     TRAIN_LOSS,
 )
 from pretrain.checkpoints import (
-    check_same_strategy,
     checkpoint_damage,
     checkpoint_global_step,
+    conversion_needed,
     identity_differences,
     list_checkpoints,
     resolve_resume_checkpoint,
@@ -419,7 +419,7 @@ def test_a_checkpoint_that_converts_to_no_other_strategy_is_refused_naming_both(
     torch.save({"state": {}, "param_groups": []}, checkpoint / "optimizer.pt")
     seal_checkpoint(checkpoint, {"run_identity": {}, "written_by": written_by})
     with pytest.raises(InputError) as refusal:
-        check_same_strategy(checkpoint, launched, is_main=True)
+        conversion_needed(checkpoint, launched, is_main=True)
     assert str(refusal.value) == (
         f"checkpoint-4 was written by {strategy_in_words(written_by)}; this run is "
         f"{strategy_in_words(launched)} ({why}): resume it with the accelerate config it was "

@@ -115,6 +115,8 @@ def test_a_checkpoint_resumes_under_another_strategy_to_the_uninterrupted_loss(
         "strategy": strategy,
         "num_processes": processes,
     }
+    # The unchanged files are linked to the checkpoint's, not written again.
+    assert (converted / "scheduler.pt").samefile(checkpoint / "scheduler.pt")
     state, carried = optimizer_state_by_name(checkpoint), optimizer_state_by_name(converted)
     assert sum("momentum_buffer" in tensors for tensors in state.values()) == 8  # 4 x 2 layers
     assert sum("exp_avg" in tensors for tensors in state.values()) == len(state) - 8
