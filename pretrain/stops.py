@@ -181,11 +181,15 @@ class CheckpointOnSignalCallback(TrainerCallback):
     def on_step_end(self, args, state: TrainerState, control: TrainerControl, **kwargs):
         if state.global_step % max(state.logging_steps, 1) != 0:  # Trainer's interval
             return
+        received = self.received
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            signum = torch.tensor([int(self.received or 0)], device=args.device)
+            signum = torch.tensor([int(received or 0)], device=args.device)
             dist.all_reduce(signum, op=dist.ReduceOp.MAX)  # 0: no process received one
-            self.received = signal.Signals(int(signum.item())) if signum.item() else None
-        if self.received is not None and state.global_step < state.max_steps:
+            received = signal.Signals(int(signum.item())) if signum.item() else None
+            # One that came during the all-reduce is kept for the next step's: the processes
+            # agreed without it (it was lost, and the run trained on until it was killed).
+            self.received = self.received or received
+        if received is not None and state.global_step < state.max_steps:
             self.stopped_at_step = state.global_step
             control.should_save = True
             control.should_training_stop = True

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -24,6 +25,7 @@ from pretrain_runs import (
 )
 from safetensors.torch import load_file, save_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from common.cli import InputError
@@ -238,6 +240,40 @@ def test_a_stop_signal_stops_at_the_next_logging_step():
         state.global_step, control = step, TrainerControl()
         callback.on_step_end(TrainingArguments("unused", use_cpu=True), state, control)
         assert control.should_training_stop == control.should_save == stops
+
+
+def stop_signalled_during_the_all_reduce(rank: int, folder: Path) -> None:
+    """Two processes at their logging steps; rank 1 sends rank 0 SIGTERM while rank 0 waits for
+    it in the step's all-reduce, then joins. Each writes the step it stopped at."""
+    store = f"file://{folder / 'store'}"
+    torch.distributed.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
+    pids = [0, 0]
+    torch.distributed.all_gather_object(pids, os.getpid())
+    callback, args = CheckpointOnSignalCallback(), TrainingArguments("unused", use_cpu=True)
+    state, loader = TrainerState(logging_steps=1, max_steps=10), DataLoader(range(4))
+    with callback.caught():
+        callback.on_train_begin(args, state, TrainerControl(), train_dataloader=loader)
+        for step in range(1, 4):
+            if rank == 1 and step == 1:
+                time.sleep(2)  # rank 0 is in the all-reduce by now (else it stops at step 1)
+                os.kill(pids[0], signal.SIGTERM)
+                time.sleep(1)
+            state.global_step, control = step, TrainerControl()
+            callback.on_step_end(args, state, control)
+            if control.should_training_stop:
+                (folder / f"stopped-{rank}").write_text(f"{step} {callback.received.name}")
+                break
+        callback.on_train_end(args, state, TrainerControl())
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+def test_a_stop_signal_during_the_processes_agreement_is_kept_for_the_next_step(tmp_path):
+    """A signal that came while the processes agreed whether to stop (the all-reduce) was
+    overwritten by their answer: the run trained on until the launcher killed it."""
+    torch.multiprocessing.spawn(stop_signalled_during_the_all_reduce, (tmp_path,), nprocs=2)
+    stops = {(tmp_path / f"stopped-{rank}").read_text() for rank in (0, 1)}
+    assert stops in ({"1 SIGTERM"}, {"2 SIGTERM"})  # both at one step, the first after it
 
 
 def test_a_second_stop_signal_before_the_loop_leaves_the_first_ones_clean_up_running():
